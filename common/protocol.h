@@ -1,0 +1,135 @@
+// SPDX-License-Identifier: MIT
+// The rdmaswap wire protocol: a fixed 32-byte header plus a fixed body per op, all little-endian.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <span>
+#include <string>
+
+namespace rdmaswap::proto {
+
+inline constexpr uint32_t kMagic = 0x57534452; // "RDSW" on the wire
+inline constexpr uint8_t kVersion = 1;
+inline constexpr size_t kHeaderSize = 32;
+// Largest READ/WRITE payload in one message. The plugin splits larger requests.
+inline constexpr uint32_t kMaxIo = 1u << 20;
+
+enum class Op : uint8_t {
+	Hello = 1,
+	Alloc = 2,
+	Free = 3,
+	Read = 4,
+	Write = 5,
+	Stats = 6,
+};
+
+inline constexpr uint16_t kFlagResponse = 1;
+
+// Every message starts with this header. `body_len` counts all bytes after the header (fixed
+// body plus payload). `status` is 0 or a positive errno in responses, 0 in requests.
+struct Header {
+	Op op{};
+	uint16_t flags = 0;
+	uint32_t status = 0;
+	uint32_t body_len = 0;
+	uint64_t request_id = 0;
+
+	bool is_response() const { return flags & kFlagResponse; }
+};
+
+// Fixed bodies. Sizes on the wire are the k*Size constants; layout is the field order.
+struct HelloRequest {                 // 24 bytes
+	uint32_t client_version = kVersion;
+	uint32_t want_rdma = 0;       // 1: the client will attach RDMA data QPs to this session
+	uint64_t session_id = 0;      // 0: create a new session; else join it (token must match)
+	uint64_t token = 0;
+};
+struct HelloReply {                   // 40 bytes
+	uint64_t session_id = 0;
+	uint64_t token = 0;
+	uint64_t slab_size = 0;
+	uint32_t slabs_total = 0;
+	uint32_t slabs_free = 0;
+	uint32_t max_io = 0;
+	uint32_t server_flags = 0;    // bit 0: RDMA data path available
+};
+inline constexpr uint32_t kServerRdma = 1;
+
+struct AllocReply {                   // 24 bytes
+	uint32_t slab_id = 0;
+	uint32_t rkey = 0;            // RDMA: rkey of the slab's MR in this session's PD; TCP: 0
+	uint64_t addr = 0;            // RDMA: remote virtual address of the slab; TCP: 0
+	uint64_t length = 0;
+};
+struct FreeRequest {                  // 8 bytes
+	uint32_t slab_id = 0;
+	uint32_t reserved = 0;
+};
+struct IoRequest {                    // 16 bytes; READ: reply payload is `length` bytes;
+	uint32_t slab_id = 0;         // WRITE: `length` payload bytes follow the body
+	uint32_t length = 0;
+	uint64_t offset = 0;
+};
+struct StatsReply {                   // 80 bytes
+	uint64_t capacity = 0;
+	uint64_t slab_size = 0;
+	uint32_t slabs_total = 0;
+	uint32_t slabs_free = 0;
+	uint32_t sessions = 0;
+	uint32_t rdma_qps = 0;
+	uint64_t tcp_read_ops = 0;
+	uint64_t tcp_read_bytes = 0;
+	uint64_t tcp_write_ops = 0;
+	uint64_t tcp_write_bytes = 0;
+	uint32_t rdma_sessions = 0;
+	uint32_t connections = 0;
+	uint64_t reserved = 0;
+};
+
+inline constexpr size_t kHelloRequestSize = 24;
+inline constexpr size_t kHelloReplySize = 40;
+inline constexpr size_t kAllocReplySize = 24;
+inline constexpr size_t kFreeRequestSize = 8;
+inline constexpr size_t kIoRequestSize = 16;
+inline constexpr size_t kStatsReplySize = 80;
+// The largest fixed body of any message: a receive buffer of this size holds any body.
+inline constexpr size_t kMaxFixedBody = 80;
+
+// Result of decoding: ok, or why not. Decoders never read outside the span they are given.
+struct Status {
+	bool ok = true;
+	const char *error = nullptr; // static string when !ok
+	static Status fail(const char *why) { return {false, why}; }
+};
+
+// Header: encode into exactly kHeaderSize bytes.
+void encode_header(const Header &h, std::span<std::byte, kHeaderSize> out);
+// Decode and validate magic, version, op, flags, reserved bits, and that body_len fits the op:
+// requests must carry exactly their fixed body (WRITE: body + length payload, length <= kMaxIo);
+// responses with status != 0 carry no body; a READ response's payload is checked by the caller
+// against the length it asked for (see expected_reply_body).
+Status decode_header(std::span<const std::byte, kHeaderSize> in, Header &out);
+
+// The exact body length a request of `op` has (WRITE: without payload). -1 for unknown op.
+long request_body_size(Op op);
+// The exact body length a successful response to `op` has (READ: without payload).
+long reply_body_size(Op op);
+
+void encode(const HelloRequest &m, std::span<std::byte> out);
+void encode(const HelloReply &m, std::span<std::byte> out);
+void encode(const AllocReply &m, std::span<std::byte> out);
+void encode(const FreeRequest &m, std::span<std::byte> out);
+void encode(const IoRequest &m, std::span<std::byte> out);
+void encode(const StatsReply &m, std::span<std::byte> out);
+// Decoders check the span is exactly the body size and every field's range.
+Status decode(std::span<const std::byte> in, HelloRequest &m);
+Status decode(std::span<const std::byte> in, HelloReply &m);
+Status decode(std::span<const std::byte> in, AllocReply &m);
+Status decode(std::span<const std::byte> in, FreeRequest &m);
+Status decode(std::span<const std::byte> in, IoRequest &m);
+Status decode(std::span<const std::byte> in, StatsReply &m);
+
+const char *op_name(Op op);
+
+} // namespace rdmaswap::proto

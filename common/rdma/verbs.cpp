@@ -1,0 +1,2 @@
+// SPDX-License-Identifier: MIT
+// (placeholder: filled by the RDMA transport)

@@ -1,0 +1,51 @@
+// SPDX-License-Identifier: MIT
+// A real memserver reached over the network: TCP control connection plus TCP or RDMA data paths.
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <memory>
+#include <string>
+
+#include "common/config.h"
+#include "common/tcp/rpc.h"
+#include "common/transport.h"
+
+namespace rdmaswap {
+
+namespace rdma {
+class ClientContext;
+}
+
+struct RemoteServerOptions {
+	Endpoint endpoint;
+	TransportKind kind = TransportKind::Tcp; // Tcp or Rdma (Auto is resolved by the caller)
+	std::chrono::milliseconds timeout{10000};
+	// Required when kind == Rdma: the device context data paths are made on. Borrowed.
+	rdma::ClientContext *rdma = nullptr;
+};
+
+class RemoteServer final : public Server {
+public:
+	// Resolves, connects and opens a session. Throws std::runtime_error with a message that
+	// names the server and what failed (unreachable, refused, protocol mismatch, no RDMA).
+	explicit RemoteServer(const RemoteServerOptions &opts);
+
+	const ServerInfo &info() const override { return info_; }
+	const std::string &name() const override { return name_; }
+	int alloc_slab(SlabGrant &out) override;
+	int free_slab(uint32_t id) override;
+	int stats(proto::StatsReply &out) override;
+	std::unique_ptr<DataPath> open_data_path(std::span<std::byte> region) override;
+	bool session_alive() const override;
+
+private:
+	const RemoteServerOptions opts_;
+	const std::string name_;
+	SockAddr addr_;
+	std::unique_ptr<ControlClient> control_;
+	ServerInfo info_;
+	std::shared_ptr<std::atomic<bool>> lost_ = std::make_shared<std::atomic<bool>>(false);
+};
+
+} // namespace rdmaswap

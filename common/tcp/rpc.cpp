@@ -1,0 +1,155 @@
+// SPDX-License-Identifier: MIT
+// Request/response over a blocking socket; the control connection.
+#include "common/tcp/rpc.h"
+
+#include <array>
+#include <cerrno>
+
+namespace rdmaswap {
+
+int rpc(int fd, uint64_t request_id, proto::Op op, std::span<const std::byte> body,
+	std::span<std::byte> reply)
+{
+	std::array<std::byte, proto::kHeaderSize> hdr;
+	proto::Header h;
+	h.op = op;
+	h.body_len = uint32_t(body.size());
+	h.request_id = request_id;
+	proto::encode_header(h, hdr);
+	iovec iov[2] = {{hdr.data(), hdr.size()},
+			{const_cast<std::byte *>(body.data()), body.size()}};
+	if (int r = sendv_all(fd, iov, body.empty() ? 1 : 2))
+		return r;
+	if (int r = recv_all(fd, hdr.data(), hdr.size()))
+		return r;
+	proto::Header rh;
+	if (!proto::decode_header(hdr, rh).ok || !rh.is_response() || rh.op != op ||
+	    rh.request_id != request_id)
+		return EPROTO;
+	if (rh.status)
+		return int(rh.status);
+	if (rh.body_len != reply.size())
+		return EPROTO;
+	if (int r = recv_all(fd, reply.data(), reply.size()))
+		return r;
+	return 0;
+}
+
+ControlClient::ControlClient(SockAddr addr, std::chrono::milliseconds timeout)
+	: addr_(addr), timeout_(timeout)
+{
+}
+
+Fd join_session(const SockAddr &addr, std::chrono::milliseconds timeout, uint64_t session_id,
+		uint64_t token, bool want_rdma, int &err)
+{
+	Fd fd = connect_tcp(addr, timeout, timeout);
+	if (!fd) {
+		err = errno ? errno : EIO;
+		return {};
+	}
+	proto::HelloRequest req;
+	req.want_rdma = want_rdma;
+	req.session_id = session_id;
+	req.token = token;
+	std::array<std::byte, proto::kHelloRequestSize> body;
+	std::array<std::byte, proto::kHelloReplySize> reply;
+	proto::encode(req, body);
+	err = rpc(fd.get(), 0, proto::Op::Hello, body, reply);
+	if (err)
+		return {};
+	proto::HelloReply r;
+	if (!proto::decode(reply, r).ok || r.session_id != session_id) {
+		err = EPROTO;
+		return {};
+	}
+	return fd;
+}
+
+int ControlClient::ensure_connected()
+{
+	if (fd_)
+		return 0;
+	if (lost_)
+		return ENOENT;
+	if (session_id_ == 0) {
+		fd_ = connect_tcp(addr_, timeout_, timeout_);
+		return fd_ ? 0 : (errno ? errno : EIO);
+	}
+	int err = 0;
+	fd_ = join_session(addr_, timeout_, session_id_, token_, want_rdma_, err);
+	if (err == ENOENT)
+		lost_ = true;
+	return err;
+}
+
+int ControlClient::call(proto::Op op, std::span<const std::byte> body, std::span<std::byte> reply)
+{
+	if (int r = ensure_connected())
+		return r;
+	const int r = rpc(fd_.get(), next_id_++, op, body, reply);
+	// A server-side refusal leaves the stream in step; anything else may not.
+	if (r == EPROTO || r == EAGAIN || r == ECONNRESET || r == EPIPE || r == ETIMEDOUT ||
+	    r == ENOTCONN)
+		fd_.reset();
+	return r;
+}
+
+int ControlClient::open_session(bool want_rdma, proto::HelloReply &out)
+{
+	std::lock_guard lock(mu_);
+	fd_.reset();
+	session_id_ = token_ = 0;
+	lost_ = false;
+	want_rdma_ = want_rdma;
+	proto::HelloRequest req;
+	req.want_rdma = want_rdma;
+	std::array<std::byte, proto::kHelloRequestSize> body;
+	std::array<std::byte, proto::kHelloReplySize> reply;
+	proto::encode(req, body);
+	if (int r = call(proto::Op::Hello, body, reply))
+		return r;
+	if (!proto::decode(reply, out).ok) {
+		fd_.reset();
+		return EPROTO;
+	}
+	session_id_ = out.session_id;
+	token_ = out.token;
+	return 0;
+}
+
+int ControlClient::alloc(proto::AllocReply &out)
+{
+	std::lock_guard lock(mu_);
+	std::array<std::byte, proto::kAllocReplySize> reply;
+	if (int r = call(proto::Op::Alloc, {}, reply))
+		return r;
+	if (!proto::decode(reply, out).ok) {
+		fd_.reset();
+		return EPROTO;
+	}
+	return 0;
+}
+
+int ControlClient::free_slab(uint32_t id)
+{
+	std::lock_guard lock(mu_);
+	std::array<std::byte, proto::kFreeRequestSize> body;
+	proto::encode(proto::FreeRequest{id, 0}, body);
+	return call(proto::Op::Free, body, {});
+}
+
+int ControlClient::stats(proto::StatsReply &out)
+{
+	std::lock_guard lock(mu_);
+	std::array<std::byte, proto::kStatsReplySize> reply;
+	if (int r = call(proto::Op::Stats, {}, reply))
+		return r;
+	if (!proto::decode(reply, out).ok) {
+		fd_.reset();
+		return EPROTO;
+	}
+	return 0;
+}
+
+} // namespace rdmaswap

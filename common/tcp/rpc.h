@@ -1,0 +1,62 @@
+// SPDX-License-Identifier: MIT
+// One request/response exchange on a blocking socket, and the control connection built on it.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <mutex>
+#include <span>
+#include <string>
+
+#include "common/protocol.h"
+#include "common/tcp/socket.h"
+
+namespace rdmaswap {
+
+// Send a request (header + `body`) and read its response into `reply` (exactly the reply body
+// size of `op`). Returns 0, the server's errno for an error response, EPROTO for a malformed or
+// mismatched response, or a socket errno (EAGAIN: timed out). No allocation.
+int rpc(int fd, uint64_t request_id, proto::Op op, std::span<const std::byte> body,
+	std::span<std::byte> reply);
+
+// The control connection of one client to one memserver. Thread-safe; calls are serialised.
+// Any transport failure closes the socket; the next call reconnects (and, when a session was
+// established, rejoins it; if the server no longer knows the session, calls fail with ENOENT
+// and session_lost() becomes true).
+class ControlClient {
+public:
+	ControlClient(SockAddr addr, std::chrono::milliseconds timeout);
+
+	// Connect and create a new session (want_rdma as given). 0 or errno.
+	int open_session(bool want_rdma, proto::HelloReply &reply);
+	int alloc(proto::AllocReply &reply);
+	int free_slab(uint32_t id);
+	// STATS needs no session: usable right after construction.
+	int stats(proto::StatsReply &reply);
+
+	uint64_t session_id() const { return session_id_; }
+	uint64_t token() const { return token_; }
+	bool session_lost() const { return lost_; }
+	const SockAddr &addr() const { return addr_; }
+
+private:
+	int call(proto::Op op, std::span<const std::byte> body, std::span<std::byte> reply);
+	int ensure_connected();
+
+	const SockAddr addr_;
+	const std::chrono::milliseconds timeout_;
+	std::mutex mu_;
+	Fd fd_;
+	uint64_t next_id_ = 1;
+	uint64_t session_id_ = 0;
+	uint64_t token_ = 0;
+	bool want_rdma_ = false;
+	bool lost_ = false;
+};
+
+// Connect a new socket and join an existing session with HELLO. Returns the socket, or an
+// invalid Fd with `err` set (ENOENT: the server does not know the session).
+Fd join_session(const SockAddr &addr, std::chrono::milliseconds timeout, uint64_t session_id,
+		uint64_t token, bool want_rdma, int &err);
+
+} // namespace rdmaswap

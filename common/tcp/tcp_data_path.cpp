@@ -1,0 +1,171 @@
+// SPDX-License-Identifier: MIT
+// TCP data path: pipelined READ/WRITE requests, responses read in order in complete().
+#include "common/tcp/tcp_data_path.h"
+
+#include <cerrno>
+#include <cstring>
+#include <stdexcept>
+
+#include "common/log.h"
+#include "common/tcp/rpc.h"
+
+namespace rdmaswap {
+
+namespace {
+constexpr std::chrono::milliseconds kMinBackoff{100};
+constexpr std::chrono::milliseconds kMaxBackoff{5000};
+} // namespace
+
+TcpDataPath::TcpDataPath(const SockAddr &addr, uint64_t session_id, uint64_t token,
+			 std::chrono::milliseconds timeout, std::span<std::byte> region,
+			 std::shared_ptr<std::atomic<bool>> session_lost)
+	: addr_(addr), session_id_(session_id), token_(token), timeout_(timeout), region_(region),
+	  session_lost_(std::move(session_lost))
+{
+	int err = 0;
+	fd_ = join_session(addr_, timeout_, session_id_, token_, false, err);
+	if (!fd_)
+		throw std::runtime_error("tcp data connection to " + addr_.str() + ": " +
+					 std::strerror(err));
+}
+
+void TcpDataPath::fail(int err)
+{
+	if (!error_)
+		error_ = err;
+	if (fd_) {
+		logger("tcp")->warn("data connection to {} failed: {}", addr_.str(), std::strerror(err));
+		fd_.reset();
+		backoff_ = kMinBackoff;
+		next_retry_ = std::chrono::steady_clock::now() + backoff_;
+	}
+}
+
+int TcpDataPath::ensure_connected()
+{
+	if (fd_)
+		return 0;
+	if (session_lost_->load())
+		return EIO;
+	const auto now = std::chrono::steady_clock::now();
+	if (now < next_retry_)
+		return EIO;
+	int err = 0;
+	fd_ = join_session(addr_, timeout_, session_id_, token_, false, err);
+	if (fd_) {
+		logger("tcp")->warn("data connection to {} re-established", addr_.str());
+		backoff_ = std::chrono::milliseconds{0};
+		return 0;
+	}
+	if (err == ENOENT) {
+		logger("tcp")->error("memserver {} no longer knows our session: its slabs are lost",
+				     addr_.str());
+		session_lost_->store(true);
+	}
+	backoff_ = std::min(kMaxBackoff, std::max(kMinBackoff, backoff_ * 2));
+	next_retry_ = now + backoff_;
+	return EIO;
+}
+
+int TcpDataPath::check(const SlabGrant &slab, uint64_t off, uint32_t len,
+		       const std::byte *local) const
+{
+	if (len == 0 || len > proto::kMaxIo || off > slab.length || slab.length - off < len)
+		return EINVAL;
+	if (local < region_.data() || local + len > region_.data() + region_.size())
+		return EINVAL;
+	if (npending_ == kMaxBatch)
+		return ENOBUFS;
+	return 0;
+}
+
+int TcpDataPath::send_request(bool read, const SlabGrant &slab, uint64_t off, uint32_t len,
+			      const std::byte *local)
+{
+	if (int r = check(slab, off, len, local)) {
+		if (!error_)
+			error_ = r;
+		return r;
+	}
+	// A batch is all reads or all writes (see DataPath); mixing could fill both socket
+	// directions at once and deadlock, so refuse it.
+	if (npending_ && pending_[0].read != read) {
+		if (!error_)
+			error_ = EINVAL;
+		return EINVAL;
+	}
+	if (error_)
+		return error_;
+	if (int r = ensure_connected()) {
+		fail(r);
+		return r;
+	}
+	std::array<std::byte, proto::kHeaderSize + proto::kIoRequestSize> msg;
+	proto::Header h;
+	h.op = read ? proto::Op::Read : proto::Op::Write;
+	h.body_len = uint32_t(proto::kIoRequestSize + (read ? 0 : len));
+	h.request_id = next_id_++;
+	proto::encode_header(h, std::span(msg).first<proto::kHeaderSize>());
+	proto::encode(proto::IoRequest{slab.id, len, off}, std::span(msg).subspan(proto::kHeaderSize));
+	iovec iov[2] = {{msg.data(), msg.size()}, {const_cast<std::byte *>(local), len}};
+	if (int r = sendv_all(fd_.get(), iov, read ? 1 : 2)) {
+		fail(EIO);
+		(void)r;
+		return EIO;
+	}
+	pending_[npending_++] = Pending{read, len, const_cast<std::byte *>(local), h.request_id};
+	return 0;
+}
+
+int TcpDataPath::post_read(const SlabGrant &slab, uint64_t off, uint32_t len, std::byte *local)
+{
+	return send_request(true, slab, off, len, local);
+}
+
+int TcpDataPath::post_write(const SlabGrant &slab, uint64_t off, uint32_t len,
+			    const std::byte *local)
+{
+	return send_request(false, slab, off, len, local);
+}
+
+int TcpDataPath::complete()
+{
+	for (unsigned i = 0; i < npending_ && fd_; i++) {
+		const Pending &p = pending_[i];
+		std::array<std::byte, proto::kHeaderSize> hdr;
+		if (int r = recv_all(fd_.get(), hdr.data(), hdr.size())) {
+			fail(EIO);
+			(void)r;
+			break;
+		}
+		proto::Header h;
+		const auto st = proto::decode_header(hdr, h);
+		if (!st.ok || !h.is_response() || h.request_id != p.id ||
+		    h.op != (p.read ? proto::Op::Read : proto::Op::Write)) {
+			logger("tcp")->error("malformed response from {}: {}", addr_.str(),
+					     st.ok ? "out of order" : st.error);
+			fail(EIO);
+			break;
+		}
+		if (h.status) {
+			if (!error_)
+				error_ = int(h.status);
+			continue;
+		}
+		if (h.body_len != (p.read ? p.len : 0)) {
+			logger("tcp")->error("response from {} has the wrong length", addr_.str());
+			fail(EIO);
+			break;
+		}
+		if (p.read && recv_all(fd_.get(), p.local, p.len)) {
+			fail(EIO);
+			break;
+		}
+	}
+	const int r = error_;
+	npending_ = 0;
+	error_ = 0;
+	return r;
+}
+
+} // namespace rdmaswap

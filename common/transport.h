@@ -1,0 +1,88 @@
+// SPDX-License-Identifier: MIT
+// The client's view of a memserver: a control path (session, slab grants) and one-sided data
+// paths that move bytes between a registered local buffer and a granted remote slab. TCP and
+// RDMA implement it (common/tcp, common/rdma); tests implement it in memory.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+
+#include "common/protocol.h"
+
+namespace rdmaswap {
+
+// What a memserver granted: a slab of `length` bytes, addressed by id (TCP) or by
+// (addr, rkey) (RDMA, valid only on QPs of the session the grant was made in).
+struct SlabGrant {
+	uint32_t id = 0;
+	uint64_t length = 0;
+	uint64_t addr = 0;
+	uint32_t rkey = 0;
+};
+
+// Largest number of operations posted to one DataPath before complete().
+inline constexpr unsigned kMaxBatch = 16;
+
+// One data connection to one memserver. Not thread-safe: exactly one thread uses it at a time
+// (the plugin gives each worker channel its own). After setup it never allocates memory.
+//
+// Usage: post up to kMaxBatch reads or writes, then complete() waits for all of them.
+// `local` must lie inside the region given to Server::open_data_path. A batch is either all
+// reads or all writes. Posted operations are not done until complete() returns 0.
+class DataPath {
+public:
+	virtual ~DataPath() = default;
+	DataPath() = default;
+	DataPath(const DataPath &) = delete;
+	DataPath &operator=(const DataPath &) = delete;
+
+	// Queue a read of remote [off, off+len) of `slab` into `local`. 0 or an errno (EINVAL for a
+	// range outside the slab or len > kMaxIo, ENOBUFS when the batch is full, EIO when the
+	// connection is down and could not be re-established).
+	virtual int post_read(const SlabGrant &slab, uint64_t off, uint32_t len, std::byte *local) = 0;
+	// Queue a write of `local` into remote [off, off+len) of `slab`. Same errors.
+	virtual int post_write(const SlabGrant &slab, uint64_t off, uint32_t len,
+			       const std::byte *local) = 0;
+	// Wait (bounded by the timeout the path was made with) for every posted operation.
+	// 0 when all succeeded; else the errno of the first failure (EIO for a lost connection or a
+	// failed completion, ETIMEDOUT mapped to EIO, EACCES/EINVAL if the server refused), and the
+	// batch is discarded. A failed connection is re-established on a later post, with backoff.
+	virtual int complete() = 0;
+};
+
+// Facts a memserver reported in its HELLO reply.
+struct ServerInfo {
+	uint64_t slab_size = 0;
+	uint32_t slabs_total = 0;
+	uint32_t slabs_free = 0;
+	uint32_t max_io = 0;
+	bool rdma = false;
+};
+
+// A memserver as the client sees it: one session, shared by all of this process's data paths.
+// alloc_slab/free_slab/stats are thread-safe (serialised on the control connection).
+class Server {
+public:
+	virtual ~Server() = default;
+	Server() = default;
+	Server(const Server &) = delete;
+	Server &operator=(const Server &) = delete;
+
+	virtual const ServerInfo &info() const = 0;
+	virtual const std::string &name() const = 0;
+	// Grant a fresh, zeroed slab to this session. 0, ENOSPC when the server has none, EIO.
+	virtual int alloc_slab(SlabGrant &out) = 0;
+	// Give a slab back (the server zeroes it before anyone else gets it). 0 or errno.
+	virtual int free_slab(uint32_t id) = 0;
+	virtual int stats(proto::StatsReply &out) = 0;
+	// Make a data path whose posts may use local buffers inside `region`. Setup only (may
+	// allocate, may block up to the connect timeout). Throws std::runtime_error on failure.
+	virtual std::unique_ptr<DataPath> open_data_path(std::span<std::byte> region) = 0;
+	// False once the server lost this session (it restarted or dropped us): its slabs are gone.
+	virtual bool session_alive() const = 0;
+};
+
+} // namespace rdmaswap

@@ -1,0 +1,83 @@
+// SPDX-License-Identifier: MIT
+// rdmaswap-memserver: donate this host's memory as slabs to rdmaswap clients.
+#include <csignal>
+#include <cstdio>
+#include <string>
+
+#include <CLI/CLI.hpp>
+
+#include "common/config.h"
+#include "common/log.h"
+#include "memserver/server.h"
+
+namespace {
+rdmaswap::Memserver *g_server = nullptr;
+
+void on_signal(int)
+{
+	if (g_server)
+		g_server->stop();
+}
+} // namespace
+
+int main(int argc, char **argv)
+{
+	using namespace rdmaswap;
+	CLI::App app{"rdmaswap-memserver: serve this host's memory to rdmaswap clients as swap"};
+	MemserverOptions opts;
+	std::string capacity = "1G", slab_size = "256M", transport = "auto", level = "info";
+	app.add_option("--listen", opts.listen, "address to listen on (default 0.0.0.0)");
+	app.add_option("--port", opts.port, "TCP and RDMA-CM port (default 7471)");
+	app.add_option("--capacity", capacity, "memory to donate, e.g. 4G (default 1G)");
+	app.add_option("--slab-size", slab_size, "slab size, a power of two >= 64K (default 256M)");
+	app.add_option("--transport", transport, "tcp, rdma or auto (default auto)");
+	app.add_option("--max-connections", opts.max_connections,
+		       "connections served at once (default 1024)");
+	app.add_option("--log-level", level, "trace, debug, info, warn, error (default info)");
+	CLI11_PARSE(app, argc, argv);
+
+	auto log = logger("memserver");
+	if (!set_log_level(level)) {
+		log->error("unknown --log-level '{}'", level);
+		return 2;
+	}
+	const auto cap = parse_size(capacity);
+	const auto slab = parse_size(slab_size);
+	const auto kind = parse_transport(transport);
+	if (!cap) {
+		log->error("--capacity '{}' is not a size (examples: 512M, 4G)", capacity);
+		return 2;
+	}
+	if (!slab) {
+		log->error("--slab-size '{}' is not a size (examples: 64M, 256M)", slab_size);
+		return 2;
+	}
+	if (!kind) {
+		log->error("--transport must be tcp, rdma or auto, not '{}'", transport);
+		return 2;
+	}
+	opts.capacity = *cap;
+	opts.slab_size = *slab;
+	opts.transport = *kind;
+	if (opts.max_connections == 0) {
+		log->error("--max-connections must be at least 1");
+		return 2;
+	}
+
+	struct sigaction sa {};
+	sa.sa_handler = on_signal;
+	sigaction(SIGINT, &sa, nullptr);
+	sigaction(SIGTERM, &sa, nullptr);
+	signal(SIGPIPE, SIG_IGN);
+
+	try {
+		Memserver server(opts);
+		g_server = &server;
+		server.run();
+		g_server = nullptr;
+	} catch (const std::exception &e) {
+		log->error("{}", e.what());
+		return 1;
+	}
+	return 0;
+}

@@ -1,0 +1,445 @@
+// SPDX-License-Identifier: MIT
+// Memserver: accept loop and the per-connection request loop.
+#include "memserver/server.h"
+
+#include <arpa/inet.h>
+#include <netdb.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <poll.h>
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include <array>
+#include <cerrno>
+#include <cstring>
+#include <stdexcept>
+#include <vector>
+
+#include "common/log.h"
+#include "memserver/rdma_service.h"
+
+namespace rdmaswap {
+
+namespace {
+// A message that has started must arrive within this time, or the peer is dropped.
+constexpr auto kMessageTimeout = std::chrono::seconds(30);
+// How often idle connection threads look at the stop flag.
+constexpr int kPollMs = 500;
+constexpr size_t kScratch = 64 * 1024;
+
+std::string peer_name(const sockaddr_storage &ss)
+{
+	SockAddr a;
+	a.ss = ss;
+	return a.str();
+}
+} // namespace
+
+struct Memserver::Conn {
+	Fd fd;
+	std::string peer;
+	std::thread thread;
+	std::atomic<bool> done{false};
+	std::atomic<uint64_t> read_ops{0}, read_bytes{0}, write_ops{0}, write_bytes{0};
+};
+
+void notify_ready()
+{
+	const char *path = getenv("NOTIFY_SOCKET");
+	if (!path || !*path)
+		return;
+	sockaddr_un sun{};
+	sun.sun_family = AF_UNIX;
+	const size_t len = strnlen(path, sizeof sun.sun_path);
+	if (len >= sizeof sun.sun_path)
+		return;
+	std::memcpy(sun.sun_path, path, len);
+	if (sun.sun_path[0] == '@')
+		sun.sun_path[0] = '\0'; // abstract namespace
+	Fd fd(::socket(AF_UNIX, SOCK_DGRAM | SOCK_CLOEXEC, 0));
+	if (!fd)
+		return;
+	static const char msg[] = "READY=1";
+	sendto(fd.get(), msg, sizeof msg - 1, 0, reinterpret_cast<sockaddr *>(&sun),
+	       socklen_t(offsetof(sockaddr_un, sun_path) + len));
+}
+
+Memserver::Memserver(const MemserverOptions &opts)
+	: opts_(opts), pool_(opts.capacity, opts.slab_size, opts.lock_memory)
+{
+	auto log = logger("memserver");
+	Endpoint ep{opts_.listen, opts_.port};
+	addrinfo hints{};
+	hints.ai_family = AF_UNSPEC;
+	hints.ai_socktype = SOCK_STREAM;
+	hints.ai_flags = AI_PASSIVE | AI_NUMERICSERV;
+	addrinfo *res = nullptr;
+	const std::string port = std::to_string(opts_.port);
+	if (int rc = getaddrinfo(opts_.listen.c_str(), port.c_str(), &hints, &res))
+		throw std::runtime_error("cannot resolve listen address " + opts_.listen + ": " +
+					 gai_strerror(rc));
+	Fd fd(::socket(res->ai_family, SOCK_STREAM | SOCK_CLOEXEC, 0));
+	const int one = 1;
+	if (fd)
+		setsockopt(fd.get(), SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+	if (!fd || ::bind(fd.get(), res->ai_addr, res->ai_addrlen) < 0 ||
+	    ::listen(fd.get(), 128) < 0) {
+		const int err = errno;
+		freeaddrinfo(res);
+		throw std::runtime_error("cannot listen on " + ep.str() + ": " + std::strerror(err));
+	}
+	freeaddrinfo(res);
+	sockaddr_storage ss{};
+	socklen_t sl = sizeof ss;
+	getsockname(fd.get(), reinterpret_cast<sockaddr *>(&ss), &sl);
+	port_ = ntohs(ss.ss_family == AF_INET ? reinterpret_cast<sockaddr_in *>(&ss)->sin_port
+					      : reinterpret_cast<sockaddr_in6 *>(&ss)->sin6_port);
+	listen_fd_ = std::move(fd);
+
+	if (opts_.transport == TransportKind::Rdma ||
+	    (opts_.transport == TransportKind::Auto && RdmaService::devices_present())) {
+		try {
+			rdma_ = std::make_unique<RdmaService>(opts_.listen, port_, pool_, sessions_,
+							      *this);
+		} catch (const std::exception &e) {
+			if (opts_.transport == TransportKind::Rdma)
+				throw;
+			log->warn("RDMA not available ({}); serving TCP only", e.what());
+		}
+	} else if (opts_.transport == TransportKind::Auto) {
+		log->info("no RDMA device found; serving TCP only");
+	}
+	log->info("listening on {}:{} ({}), capacity {} bytes in {} slabs of {} bytes, memory {}",
+		  opts_.listen, port_, rdma_ ? "tcp+rdma" : "tcp", pool_.capacity(),
+		  pool_.slabs_total(), pool_.slab_size(), opts_.lock_memory ? "locked" : "not locked");
+}
+
+Memserver::~Memserver()
+{
+	stop_.store(true);
+	reap(true);
+	rdma_.reset();
+}
+
+proto::StatsReply Memserver::stats() const
+{
+	proto::StatsReply r;
+	r.capacity = pool_.capacity();
+	r.slab_size = pool_.slab_size();
+	r.slabs_total = pool_.slabs_total();
+	r.slabs_free = pool_.slabs_free();
+	r.sessions = sessions_.count();
+	r.rdma_sessions = sessions_.rdma_count();
+	r.rdma_qps = rdma_ ? rdma_->qps() : 0;
+	std::lock_guard lock(conns_mu_);
+	r.tcp_read_ops = closed_read_ops_;
+	r.tcp_read_bytes = closed_read_bytes_;
+	r.tcp_write_ops = closed_write_ops_;
+	r.tcp_write_bytes = closed_write_bytes_;
+	for (auto &c : conns_) {
+		r.tcp_read_ops += c->read_ops.load(std::memory_order_relaxed);
+		r.tcp_read_bytes += c->read_bytes.load(std::memory_order_relaxed);
+		r.tcp_write_ops += c->write_ops.load(std::memory_order_relaxed);
+		r.tcp_write_bytes += c->write_bytes.load(std::memory_order_relaxed);
+		r.connections += !c->done.load();
+	}
+	return r;
+}
+
+void Memserver::leave_session(uint64_t session)
+{
+	if (!sessions_.leave(session))
+		return;
+	if (rdma_)
+		rdma_->end_session(session);
+	const uint32_t n = pool_.release_all(session);
+	logger("memserver")->info("session {:016x} ended; {} slabs freed", session, n);
+}
+
+void Memserver::reap(bool all)
+{
+	std::list<std::unique_ptr<Conn>> dead;
+	{
+		std::lock_guard lock(conns_mu_);
+		for (auto it = conns_.begin(); it != conns_.end();) {
+			if (all && !(*it)->done.load())
+				::shutdown((*it)->fd.get(), SHUT_RDWR);
+			if (all || (*it)->done.load()) {
+				dead.splice(dead.end(), conns_, it++);
+			} else {
+				++it;
+			}
+		}
+	}
+	for (auto &c : dead) {
+		if (c->thread.joinable())
+			c->thread.join();
+		std::lock_guard lock(conns_mu_);
+		closed_read_ops_ += c->read_ops;
+		closed_read_bytes_ += c->read_bytes;
+		closed_write_ops_ += c->write_ops;
+		closed_write_bytes_ += c->write_bytes;
+	}
+}
+
+void Memserver::run()
+{
+	notify_ready();
+	accept_loop();
+	reap(true);
+	logger("memserver")->info("stopped");
+}
+
+void Memserver::accept_loop()
+{
+	auto log = logger("memserver");
+	auto last_refusal = std::chrono::steady_clock::time_point{};
+	while (!stop_.load()) {
+		pollfd p{listen_fd_.get(), POLLIN, 0};
+		const int rc = ::poll(&p, 1, 200);
+		reap(false);
+		if (rc <= 0)
+			continue;
+		sockaddr_storage ss{};
+		socklen_t sl = sizeof ss;
+		Fd fd(::accept4(listen_fd_.get(), reinterpret_cast<sockaddr *>(&ss), &sl,
+				SOCK_CLOEXEC));
+		if (!fd)
+			continue;
+		std::lock_guard lock(conns_mu_);
+		if (conns_.size() >= opts_.max_connections) {
+			const auto now = std::chrono::steady_clock::now();
+			if (now - last_refusal > std::chrono::seconds(5)) {
+				log->warn("refusing connection from {}: {} connections already",
+					  peer_name(ss), conns_.size());
+				last_refusal = now;
+			}
+			continue;
+		}
+		const int one = 1;
+		setsockopt(fd.get(), IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+		set_io_timeout(fd.get(), std::chrono::duration_cast<std::chrono::milliseconds>(
+						 kMessageTimeout));
+		auto c = std::make_unique<Conn>();
+		c->fd = std::move(fd);
+		c->peer = peer_name(ss);
+		Conn &ref = *c;
+		conns_.push_back(std::move(c));
+		ref.thread = std::thread([this, &ref] {
+			serve(ref);
+			ref.done.store(true);
+		});
+	}
+}
+
+namespace {
+
+// Reply helpers on the connection's socket. Return false if the peer is gone.
+bool send_reply(int fd, const proto::Header &req, uint32_t status,
+		std::span<const std::byte> body, const std::byte *payload = nullptr,
+		uint32_t payload_len = 0)
+{
+	std::array<std::byte, proto::kHeaderSize> hdr;
+	proto::Header h;
+	h.op = req.op;
+	h.flags = proto::kFlagResponse;
+	h.status = status;
+	h.request_id = req.request_id;
+	h.body_len = status ? 0 : uint32_t(body.size() + payload_len);
+	proto::encode_header(h, hdr);
+	iovec iov[3];
+	int n = 0;
+	iov[n++] = {hdr.data(), hdr.size()};
+	if (!status && !body.empty())
+		iov[n++] = {const_cast<std::byte *>(body.data()), body.size()};
+	if (!status && payload_len)
+		iov[n++] = {const_cast<std::byte *>(payload), payload_len};
+	return sendv_all(fd, iov, n) == 0;
+}
+
+} // namespace
+
+void Memserver::serve(Conn &c)
+{
+	auto log = logger("memserver");
+	const int fd = c.fd.get();
+	std::vector<std::byte> scratch(kScratch); // to drain refused WRITE payloads
+	uint64_t session = 0;
+	log->debug("connection from {}", c.peer);
+
+	while (!stop_.load()) {
+		pollfd p{fd, POLLIN, 0};
+		const int rc = ::poll(&p, 1, kPollMs);
+		if (rc == 0)
+			continue;
+		if (rc < 0 && errno == EINTR)
+			continue;
+		std::array<std::byte, proto::kHeaderSize> hdr;
+		int err = rc < 0 ? errno : recv_all(fd, hdr.data(), hdr.size());
+		if (err) {
+			if (err != ECONNRESET)
+				log->warn("{}: receive failed: {}", c.peer, std::strerror(err));
+			break;
+		}
+		proto::Header h;
+		const auto st = proto::decode_header(hdr, h);
+		if (!st.ok || h.is_response()) {
+			log->warn("{}: malformed message ({}); disconnecting", c.peer,
+				  st.ok ? "unexpected response" : st.error);
+			break;
+		}
+		std::array<std::byte, proto::kMaxFixedBody> body;
+		const size_t fixed = size_t(proto::request_body_size(h.op));
+		if ((err = recv_all(fd, body.data(), fixed))) {
+			log->warn("{}: truncated {} request: {}", c.peer, proto::op_name(h.op),
+				  std::strerror(err));
+			break;
+		}
+		const std::span<const std::byte> b(body.data(), fixed);
+		bool ok = true;
+		switch (h.op) {
+		case proto::Op::Hello: {
+			proto::HelloRequest req;
+			if (auto s = proto::decode(b, req); !s.ok) {
+				log->warn("{}: malformed HELLO ({}); disconnecting", c.peer, s.error);
+				ok = false;
+				break;
+			}
+			if (session) {
+				ok = send_reply(fd, h, EINVAL, {});
+				break;
+			}
+			if (req.want_rdma && !rdma_) {
+				ok = send_reply(fd, h, EPROTONOSUPPORT, {});
+				break;
+			}
+			SessionTable::Creds cr{req.session_id, req.token};
+			if (req.session_id == 0) {
+				cr = sessions_.create(req.want_rdma);
+				log->info("{}: new session {:016x}{}", c.peer, cr.id,
+					  req.want_rdma ? " (rdma)" : "");
+			} else if (!sessions_.join(req.session_id, req.token)) {
+				log->warn("{}: HELLO for an unknown session or with a wrong token",
+					  c.peer);
+				ok = send_reply(fd, h, ENOENT, {});
+				break;
+			}
+			session = cr.id;
+			proto::HelloReply r;
+			r.session_id = cr.id;
+			r.token = cr.token;
+			r.slab_size = pool_.slab_size();
+			r.slabs_total = pool_.slabs_total();
+			r.slabs_free = pool_.slabs_free();
+			r.max_io = proto::kMaxIo;
+			r.server_flags = rdma_ ? proto::kServerRdma : 0;
+			std::array<std::byte, proto::kHelloReplySize> out;
+			proto::encode(r, out);
+			ok = send_reply(fd, h, 0, out);
+			break;
+		}
+		case proto::Op::Alloc: {
+			if (!session) {
+				ok = send_reply(fd, h, EACCES, {});
+				break;
+			}
+			const auto id = pool_.allocate(session);
+			if (!id) {
+				ok = send_reply(fd, h, ENOSPC, {});
+				break;
+			}
+			proto::AllocReply r;
+			r.slab_id = *id;
+			r.length = pool_.slab_size();
+			if (rdma_ && sessions_.wants_rdma(session)) {
+				if (int e = rdma_->expose_slab(session, *id, r.addr, r.rkey)) {
+					pool_.release(*id, session);
+					log->warn("{}: cannot register slab {} for RDMA: {}", c.peer,
+						  *id, std::strerror(e));
+					ok = send_reply(fd, h, e, {});
+					break;
+				}
+			}
+			log->debug("{}: granted slab {}", c.peer, *id);
+			std::array<std::byte, proto::kAllocReplySize> out;
+			proto::encode(r, out);
+			ok = send_reply(fd, h, 0, out);
+			break;
+		}
+		case proto::Op::Free: {
+			proto::FreeRequest req;
+			if (auto s = proto::decode(b, req); !s.ok) {
+				log->warn("{}: malformed FREE ({}); disconnecting", c.peer, s.error);
+				ok = false;
+				break;
+			}
+			if (!session || !pool_.owns(req.slab_id, session)) {
+				ok = send_reply(fd, h, EACCES, {});
+				break;
+			}
+			if (rdma_)
+				rdma_->unexpose_slab(session, req.slab_id);
+			pool_.release(req.slab_id, session);
+			log->debug("{}: freed slab {}", c.peer, req.slab_id);
+			ok = send_reply(fd, h, 0, {});
+			break;
+		}
+		case proto::Op::Read:
+		case proto::Op::Write: {
+			proto::IoRequest req;
+			const bool write = h.op == proto::Op::Write;
+			auto s = proto::decode(b, req);
+			if (s.ok && write && h.body_len - fixed != req.length)
+				s = proto::Status::fail("WRITE length does not match its payload");
+			if (!s.ok) {
+				log->warn("{}: malformed {} ({}); disconnecting", c.peer,
+					  proto::op_name(h.op), s.error);
+				ok = false;
+				break;
+			}
+			std::byte *mem = pool_.begin_access(req.slab_id, session, req.offset,
+							    req.length);
+			if (!mem) {
+				if (write) { // keep the stream in step: consume the payload
+					for (uint32_t left = req.length; left && ok;) {
+						const uint32_t n = std::min<uint32_t>(left, kScratch);
+						ok = recv_all(fd, scratch.data(), n) == 0;
+						left -= n;
+					}
+				}
+				ok = ok && send_reply(fd, h, EACCES, {});
+				break;
+			}
+			if (write) {
+				ok = recv_all(fd, mem, req.length) == 0;
+				pool_.end_access(req.slab_id);
+				ok = ok && send_reply(fd, h, 0, {});
+				c.write_ops.fetch_add(1, std::memory_order_relaxed);
+				c.write_bytes.fetch_add(req.length, std::memory_order_relaxed);
+			} else {
+				ok = send_reply(fd, h, 0, {}, mem, req.length);
+				pool_.end_access(req.slab_id);
+				c.read_ops.fetch_add(1, std::memory_order_relaxed);
+				c.read_bytes.fetch_add(req.length, std::memory_order_relaxed);
+			}
+			break;
+		}
+		case proto::Op::Stats: {
+			const proto::StatsReply r = stats();
+			std::array<std::byte, proto::kStatsReplySize> out;
+			proto::encode(r, out);
+			ok = send_reply(fd, h, 0, out);
+			break;
+		}
+		}
+		if (!ok)
+			break;
+	}
+	log->debug("{}: connection closed", c.peer);
+	if (session)
+		leave_session(session);
+}
+
+} // namespace rdmaswap

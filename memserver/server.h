@@ -1,0 +1,78 @@
+// SPDX-License-Identifier: MIT
+// The memserver: slab pool + sessions + TCP control/data service (+ the RDMA service when
+// enabled). One thread accepts; each TCP connection is served by its own thread, so a slow or
+// hostile client holds only its own thread.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <list>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+
+#include "common/config.h"
+#include "common/protocol.h"
+#include "common/tcp/socket.h"
+#include "memserver/sessions.h"
+#include "memserver/slab_pool.h"
+
+namespace rdmaswap {
+
+class RdmaService;
+
+struct MemserverOptions {
+	std::string listen = "0.0.0.0";
+	uint16_t port = kDefaultPort;         // 0: pick a free port (tests)
+	uint64_t capacity = uint64_t(1) << 30;
+	uint64_t slab_size = uint64_t(256) << 20;
+	TransportKind transport = TransportKind::Auto;
+	unsigned max_connections = 1024;
+	bool lock_memory = true;
+};
+
+class Memserver {
+public:
+	// Allocates and locks the pool, binds the TCP port and (rdma/auto) the RDMA listener.
+	// Throws std::runtime_error with a message for the operator.
+	explicit Memserver(const MemserverOptions &opts);
+	~Memserver();
+
+	// Serve until stop() (or a signal handler setting the flag). Returns when all connection
+	// threads have ended.
+	void run();
+	void stop() { stop_.store(true); }
+
+	uint16_t port() const { return port_; }
+	bool rdma_enabled() const { return rdma_ != nullptr; }
+	proto::StatsReply stats() const;
+
+	// Called by the TCP and RDMA services when a connection of `session` ends.
+	void leave_session(uint64_t session);
+
+private:
+	struct Conn;
+	void accept_loop();
+	void serve(Conn &c);
+	void reap(bool all);
+
+	const MemserverOptions opts_;
+	SlabPool pool_;
+	SessionTable sessions_;
+	Fd listen_fd_;
+	uint16_t port_ = 0;
+	std::unique_ptr<RdmaService> rdma_;
+	std::atomic<bool> stop_{false};
+
+	mutable std::mutex conns_mu_;
+	std::list<std::unique_ptr<Conn>> conns_;
+	// Totals of connections that have ended.
+	uint64_t closed_read_ops_ = 0, closed_read_bytes_ = 0;
+	uint64_t closed_write_ops_ = 0, closed_write_bytes_ = 0;
+};
+
+// Tell systemd (Type=notify) that we are ready, if NOTIFY_SOCKET is set. No-op otherwise.
+void notify_ready();
+
+} // namespace rdmaswap

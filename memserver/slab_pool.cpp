@@ -1,0 +1,139 @@
+// SPDX-License-Identifier: MIT
+// SlabPool: preallocated, locked memory with per-slab ownership.
+#include "memserver/slab_pool.h"
+
+#include <sys/mman.h>
+#include <sys/resource.h>
+
+#include <cerrno>
+#include <cstring>
+#include <stdexcept>
+#include <string>
+#include <thread>
+
+namespace rdmaswap {
+
+SlabPool::SlabPool(uint64_t capacity, uint64_t slab_size, bool lock)
+	: capacity_(capacity), slab_size_(slab_size)
+{
+	if (slab_size < 65536 || (slab_size & (slab_size - 1)) != 0)
+		throw std::runtime_error("slab size must be a power of two of at least 64K");
+	if (capacity == 0 || capacity % slab_size != 0)
+		throw std::runtime_error("capacity must be a non-zero multiple of the slab size");
+	if (capacity / slab_size > UINT32_MAX - 1)
+		throw std::runtime_error("too many slabs");
+	nslabs_ = uint32_t(capacity / slab_size);
+
+	void *p = mmap(nullptr, capacity, PROT_READ | PROT_WRITE,
+		       MAP_PRIVATE | MAP_ANONYMOUS | MAP_POPULATE, -1, 0);
+	if (p == MAP_FAILED)
+		throw std::runtime_error("cannot map " + std::to_string(capacity) +
+					 " bytes: " + std::strerror(errno));
+	base_ = static_cast<std::byte *>(p);
+	if (lock && mlock(base_, capacity) != 0) {
+		const int err = errno;
+		munmap(base_, capacity);
+		rlimit rl{};
+		getrlimit(RLIMIT_MEMLOCK, &rl);
+		std::string msg = "cannot lock " + std::to_string(capacity) +
+				  " bytes of memory: " + std::strerror(err);
+		if (err == EPERM || err == ENOMEM)
+			msg += " (RLIMIT_MEMLOCK is " +
+			       (rl.rlim_cur == RLIM_INFINITY ? std::string("unlimited")
+							     : std::to_string(rl.rlim_cur)) +
+			       " bytes; raise it with `ulimit -l unlimited`, or "
+			       "LimitMEMLOCK=infinity in the systemd unit, or lower --capacity)";
+		throw std::runtime_error(msg);
+	}
+	slabs_ = std::make_unique<Slab[]>(nslabs_);
+	free_.reserve(nslabs_);
+	for (uint32_t i = nslabs_; i-- > 0;)
+		free_.push_back(i);
+}
+
+SlabPool::~SlabPool()
+{
+	if (base_)
+		munmap(base_, capacity_);
+}
+
+uint32_t SlabPool::slabs_free() const
+{
+	std::lock_guard lock(mu_);
+	return uint32_t(free_.size());
+}
+
+std::optional<uint32_t> SlabPool::allocate(uint64_t owner)
+{
+	if (owner == 0 || owner == kReleasing)
+		return std::nullopt;
+	std::lock_guard lock(mu_);
+	if (free_.empty())
+		return std::nullopt;
+	const uint32_t id = free_.back();
+	free_.pop_back();
+	slabs_[id].owner.store(owner);
+	return id;
+}
+
+void SlabPool::wipe(uint32_t id)
+{
+	// Zero before anyone else can be granted this slab: another tenant must never see these
+	// bytes.
+	std::memset(slab_base(id), 0, slab_size_);
+}
+
+bool SlabPool::release(uint32_t id, uint64_t owner)
+{
+	if (id >= nslabs_ || owner == 0)
+		return false;
+	uint64_t expected = owner;
+	if (!slabs_[id].owner.compare_exchange_strong(expected, kReleasing))
+		return false;
+	// Accesses that passed the ownership check before we marked the slab finish first.
+	while (slabs_[id].inflight.load() != 0)
+		std::this_thread::yield();
+	wipe(id);
+	slabs_[id].owner.store(0);
+	std::lock_guard lock(mu_);
+	free_.push_back(id);
+	return true;
+}
+
+uint32_t SlabPool::release_all(uint64_t owner)
+{
+	uint32_t n = 0;
+	for (uint32_t i = 0; i < nslabs_; i++)
+		if (slabs_[i].owner.load() == owner && release(i, owner))
+			n++;
+	return n;
+}
+
+bool SlabPool::owns(uint32_t id, uint64_t owner) const
+{
+	return id < nslabs_ && owner != 0 && slabs_[id].owner.load() == owner;
+}
+
+std::vector<uint32_t> SlabPool::owned_by(uint64_t owner) const
+{
+	std::vector<uint32_t> v;
+	for (uint32_t i = 0; i < nslabs_; i++)
+		if (slabs_[i].owner.load() == owner)
+			v.push_back(i);
+	return v;
+}
+
+std::byte *SlabPool::begin_access(uint32_t id, uint64_t owner, uint64_t off, uint64_t len)
+{
+	if (id >= nslabs_ || owner == 0 || off > slab_size_ || slab_size_ - off < len)
+		return nullptr;
+	Slab &s = slabs_[id];
+	s.inflight.fetch_add(1);
+	if (s.owner.load() != owner) {
+		s.inflight.fetch_sub(1);
+		return nullptr;
+	}
+	return slab_base(id) + off;
+}
+
+} // namespace rdmaswap

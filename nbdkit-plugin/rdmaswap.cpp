@@ -1,0 +1,350 @@
+// SPDX-License-Identifier: MIT
+// nbdkit-rdmaswap-plugin: a block device whose bytes live in rdmaswap memservers. Thin glue:
+// configuration and the nbdkit callbacks; the work is done by rdmaswap::Volume (common/).
+#define NBDKIT_API_VERSION 2
+#include <nbdkit-plugin.h>
+
+#include <sys/prctl.h>
+
+#include <cerrno>
+#include <cstring>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include <spdlog/sinks/base_sink.h>
+
+#include "common/config.h"
+#include "common/log.h"
+#include "common/rdma/rdma_client.h"
+#include "common/remote_server.h"
+#include "common/tcp/rpc.h"
+#include "common/volume.h"
+
+#ifndef PR_SET_IO_FLUSHER
+#define PR_SET_IO_FLUSHER 57
+#endif
+
+namespace {
+
+using namespace rdmaswap;
+
+// Routes the project's spdlog loggers into nbdkit's log: warnings and errors always, the
+// rest only with nbdkit -v.
+class NbdkitSink final : public spdlog::sinks::base_sink<std::mutex> {
+protected:
+	void sink_it_(const spdlog::details::log_msg &msg) override
+	{
+		const std::string text(msg.payload.data(), msg.payload.size());
+		const std::string name(msg.logger_name.data(), msg.logger_name.size());
+		if (msg.level >= spdlog::level::warn)
+			nbdkit_error("%s%s: %s", msg.level == spdlog::level::warn ? "warning: " : "",
+				     name.c_str(), text.c_str());
+		else
+			nbdkit_debug("%s: %s", name.c_str(), text.c_str());
+	}
+	void flush_() override {}
+};
+
+struct Config {
+	std::vector<Endpoint> servers;
+	uint64_t size = 0;
+	TransportKind transport = TransportKind::Auto;
+	unsigned channels = 16;
+	std::chrono::milliseconds timeout{10000};
+} g_cfg;
+
+std::unique_ptr<rdma::ClientContext> g_rdma;
+std::unique_ptr<Volume> g_volume;
+TransportKind g_chosen = TransportKind::Tcp;
+
+int fail(int err, const char *what)
+{
+	nbdkit_error("rdmaswap: %s: %s", what, std::strerror(err));
+	nbdkit_set_error(err);
+	return -1;
+}
+
+// Runs `fn` (returning 0 or an errno) so that no exception reaches nbdkit.
+template <typename Fn> int guarded(const char *what, Fn &&fn)
+{
+	try {
+		const int err = fn();
+		return err ? fail(err, what) : 0;
+	} catch (const std::exception &e) {
+		nbdkit_error("rdmaswap: %s: %s", what, e.what());
+	} catch (...) {
+		nbdkit_error("rdmaswap: %s: unknown exception", what);
+	}
+	nbdkit_set_error(EIO);
+	return -1;
+}
+
+void rdmaswap_load()
+{
+	set_log_sink(std::make_shared<NbdkitSink>());
+	set_log_level("debug"); // nbdkit_debug itself is silent without -v
+}
+
+void rdmaswap_unload()
+{
+	g_volume.reset();
+	g_rdma.reset();
+}
+
+void rdmaswap_dump_plugin()
+{
+	std::printf("rdmaswap_version=%s\n", RDMASWAP_VERSION);
+	std::printf("rdmaswap_tcp=yes\n");
+	std::printf("rdmaswap_rdma=%s\n", rdma::devices_present() ? "yes" : "no");
+}
+
+int rdmaswap_config(const char *key, const char *value)
+{
+	const std::string k = key;
+	if (k == "server") {
+		auto ep = parse_endpoint(value);
+		if (!ep) {
+			nbdkit_error("rdmaswap: server=%s: expected HOST[:PORT]", value);
+			return -1;
+		}
+		g_cfg.servers.push_back(*ep);
+	} else if (k == "size") {
+		const int64_t s = nbdkit_parse_size(value);
+		if (s < 0)
+			return -1;
+		if (s == 0 || s % 4096 != 0) {
+			nbdkit_error("rdmaswap: size=%s: must be a non-zero multiple of 4096", value);
+			return -1;
+		}
+		g_cfg.size = uint64_t(s);
+	} else if (k == "transport") {
+		auto t = parse_transport(value);
+		if (!t) {
+			nbdkit_error("rdmaswap: transport=%s: expected tcp, rdma or auto", value);
+			return -1;
+		}
+		g_cfg.transport = *t;
+	} else if (k == "channels") {
+		if (nbdkit_parse_unsigned("channels", value, &g_cfg.channels) < 0)
+			return -1;
+		if (g_cfg.channels == 0 || g_cfg.channels > 1024) {
+			nbdkit_error("rdmaswap: channels=%s: must be between 1 and 1024", value);
+			return -1;
+		}
+	} else if (k == "timeout") {
+		unsigned t = 0;
+		if (nbdkit_parse_unsigned("timeout", value, &t) < 0)
+			return -1;
+		if (t == 0 || t > 3600) {
+			nbdkit_error("rdmaswap: timeout=%s: seconds between 1 and 3600", value);
+			return -1;
+		}
+		g_cfg.timeout = std::chrono::seconds(t);
+	} else {
+		nbdkit_error("rdmaswap: unknown parameter '%s' (see nbdkit-rdmaswap-plugin(1))",
+			     key);
+		return -1;
+	}
+	return 0;
+}
+
+int rdmaswap_config_complete()
+{
+	if (g_cfg.servers.empty()) {
+		nbdkit_error("rdmaswap: at least one server=HOST[:PORT] is required");
+		return -1;
+	}
+	if (g_cfg.size == 0) {
+		nbdkit_error("rdmaswap: size=SIZE is required");
+		return -1;
+	}
+	if (g_cfg.servers.size() > Volume::kMaxServers) {
+		nbdkit_error("rdmaswap: at most %zu servers", Volume::kMaxServers);
+		return -1;
+	}
+	return 0;
+}
+
+// Before nbdkit forks: check that every memserver answers, so that a typo or a dead donor is
+// a clear startup error rather than EIO later. Only plain sockets here: RDMA resources are
+// made after the fork.
+int rdmaswap_get_ready()
+{
+	for (const auto &ep : g_cfg.servers) {
+		try {
+			ControlClient c(resolve(ep), g_cfg.timeout);
+			proto::StatsReply st;
+			if (int err = c.stats(st)) {
+				nbdkit_error("rdmaswap: memserver %s is not reachable: %s",
+					     ep.str().c_str(),
+					     err == EPROTO ? "protocol error (not a memserver?)"
+							   : std::strerror(err));
+				return -1;
+			}
+		} catch (const std::exception &e) {
+			nbdkit_error("rdmaswap: memserver %s: %s", ep.str().c_str(), e.what());
+			return -1;
+		}
+	}
+	if (g_cfg.transport == TransportKind::Rdma && !rdma::devices_present()) {
+		nbdkit_error("rdmaswap: transport=rdma but this host has no RDMA device "
+			     "(for Soft-RoCE: rdma link add rxe0 type rxe netdev ETH)");
+		return -1;
+	}
+	return 0;
+}
+
+int rdmaswap_after_fork()
+{
+	// A swap device's server must not wait on memory reclaim that waits on it
+	// (PR_SET_IO_FLUSHER, Linux >= 5.6, needs CAP_SYS_RESOURCE). Inherited by the worker
+	// threads nbdkit starts after this.
+	if (prctl(PR_SET_IO_FLUSHER, 1, 0, 0, 0) != 0)
+		nbdkit_debug("rdmaswap: PR_SET_IO_FLUSHER not set: %s", std::strerror(errno));
+	try {
+		g_chosen = g_cfg.transport;
+		if (g_chosen == TransportKind::Auto) {
+			std::string why = "no RDMA device";
+			bool ok = rdma::devices_present();
+			for (const auto &ep : g_cfg.servers)
+				ok = ok && rdma::can_reach(ep, g_cfg.timeout, why);
+			g_chosen = ok ? TransportKind::Rdma : TransportKind::Tcp;
+			nbdkit_debug("rdmaswap: transport=auto chose %s%s%s", transport_name(g_chosen),
+				     ok ? "" : ": ", ok ? "" : why.c_str());
+		}
+		if (g_chosen == TransportKind::Rdma)
+			g_rdma = std::make_unique<rdma::ClientContext>(g_cfg.servers[0], g_cfg.timeout);
+		std::vector<std::unique_ptr<Server>> servers;
+		for (const auto &ep : g_cfg.servers) {
+			RemoteServerOptions o;
+			o.endpoint = ep;
+			o.kind = g_chosen;
+			o.timeout = g_cfg.timeout;
+			o.rdma = g_rdma.get();
+			servers.push_back(std::make_unique<RemoteServer>(o));
+		}
+		VolumeOptions vo;
+		vo.size = g_cfg.size;
+		vo.channels = g_cfg.channels;
+		vo.timeout = g_cfg.timeout;
+		g_volume = std::make_unique<Volume>(std::move(servers), vo);
+	} catch (const std::exception &e) {
+		nbdkit_error("rdmaswap: %s", e.what());
+		return -1;
+	}
+	nbdkit_debug("rdmaswap: volume of %llu bytes over %zu memserver(s) via %s, slab size %llu",
+		     (unsigned long long)g_cfg.size, g_cfg.servers.size(),
+		     transport_name(g_chosen), (unsigned long long)g_volume->slab_size());
+	return 0;
+}
+
+void *rdmaswap_open(int)
+{
+	return g_volume.get(); // the volume is shared by every connection (multi-conn safe)
+}
+
+int64_t rdmaswap_get_size(void *)
+{
+	return int64_t(g_volume->size());
+}
+
+int rdmaswap_block_size(void *, uint32_t *minimum, uint32_t *preferred, uint32_t *maximum)
+{
+	*minimum = 1;
+	*preferred = 4096;
+	*maximum = 0xffffffff;
+	return 0;
+}
+
+int rdmaswap_can_multi_conn(void *) { return 1; }
+int rdmaswap_can_trim(void *) { return 1; }
+int rdmaswap_can_zero(void *) { return 1; }
+int rdmaswap_can_fast_zero(void *) { return 1; }
+int rdmaswap_can_flush(void *) { return 1; }
+int rdmaswap_is_rotational(void *) { return 0; }
+// Writes return only once the memserver holds the bytes, so FUA needs no extra work.
+int rdmaswap_can_fua(void *) { return NBDKIT_FUA_NATIVE; }
+
+int rdmaswap_pread(void *, void *buf, uint32_t count, uint64_t offset, uint32_t)
+{
+	return guarded("read", [&] { return g_volume->pread(buf, count, offset); });
+}
+
+int rdmaswap_pwrite(void *, const void *buf, uint32_t count, uint64_t offset, uint32_t)
+{
+	return guarded("write", [&] { return g_volume->pwrite(buf, count, offset); });
+}
+
+int rdmaswap_flush(void *, uint32_t)
+{
+	return 0; // every completed write is already on its memserver
+}
+
+int rdmaswap_trim(void *, uint32_t count, uint64_t offset, uint32_t)
+{
+	return guarded("trim", [&] { return g_volume->trim(count, offset); });
+}
+
+int rdmaswap_zero(void *, uint32_t count, uint64_t offset, uint32_t flags)
+{
+	const bool fast = flags & NBDKIT_FLAG_FAST_ZERO;
+	try {
+		const int err = g_volume->zero(count, offset, fast);
+		if (err == ENOTSUP && fast) {
+			nbdkit_set_error(ENOTSUP); // not an error: the client falls back to writing
+			return -1;
+		}
+		return err ? fail(err, "zero") : 0;
+	} catch (const std::exception &e) {
+		nbdkit_error("rdmaswap: zero: %s", e.what());
+		nbdkit_set_error(EIO);
+		return -1;
+	}
+}
+
+struct nbdkit_plugin make_plugin()
+{
+	struct nbdkit_plugin p = nbdkit_plugin();
+	p.name = "rdmaswap";
+	p.longname = "rdmaswap remote-memory swap";
+	p.version = RDMASWAP_VERSION;
+	p.description = "Block device backed by remote memory (memservers over RDMA or TCP)";
+	p.load = rdmaswap_load;
+	p.unload = rdmaswap_unload;
+	p.config = rdmaswap_config;
+	p.config_complete = rdmaswap_config_complete;
+	p.config_help = "server=HOST[:PORT]  (required, repeatable) memserver address\n"
+			"size=SIZE           (required) size of the device\n"
+			"transport=tcp|rdma|auto  data path (default auto)\n"
+			"channels=N          data channels (default 16)\n"
+			"timeout=SECONDS     bound on any network wait (default 10)";
+	p.magic_config_key = "server";
+	p.dump_plugin = rdmaswap_dump_plugin;
+	p.get_ready = rdmaswap_get_ready;
+	p.after_fork = rdmaswap_after_fork;
+	p.open = rdmaswap_open;
+	p.get_size = rdmaswap_get_size;
+	p.block_size = rdmaswap_block_size;
+	p.can_multi_conn = rdmaswap_can_multi_conn;
+	p.can_trim = rdmaswap_can_trim;
+	p.can_zero = rdmaswap_can_zero;
+	p.can_fast_zero = rdmaswap_can_fast_zero;
+	p.can_flush = rdmaswap_can_flush;
+	p.can_fua = rdmaswap_can_fua;
+	p.is_rotational = rdmaswap_is_rotational;
+	p.pread = rdmaswap_pread;
+	p.pwrite = rdmaswap_pwrite;
+	p.flush = rdmaswap_flush;
+	p.trim = rdmaswap_trim;
+	p.zero = rdmaswap_zero;
+	return p;
+}
+
+struct nbdkit_plugin plugin = make_plugin();
+
+} // namespace
+
+#define THREAD_MODEL NBDKIT_THREAD_MODEL_PARALLEL
+NBDKIT_REGISTER_PLUGIN(plugin)

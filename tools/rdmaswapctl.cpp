@@ -1,0 +1,86 @@
+// SPDX-License-Identifier: MIT
+// rdmaswapctl: ask memservers for their state.
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "common/config.h"
+#include "common/tcp/rpc.h"
+
+namespace {
+
+int usage()
+{
+	std::fprintf(stderr, "usage: rdmaswapctl status server=HOST[:PORT] [server=...]\n"
+			     "       [timeout=SECONDS]\n");
+	return 2;
+}
+
+} // namespace
+
+int main(int argc, char **argv)
+{
+	using namespace rdmaswap;
+	if (argc < 2 || std::strcmp(argv[1], "status") != 0)
+		return usage();
+	std::vector<Endpoint> servers;
+	std::chrono::milliseconds timeout{5000};
+	for (int i = 2; i < argc; i++) {
+		const std::string arg = argv[i];
+		const size_t eq = arg.find('=');
+		const std::string key = arg.substr(0, eq);
+		const std::string value = eq == std::string::npos ? "" : arg.substr(eq + 1);
+		if (key == "server") {
+			auto ep = parse_endpoint(value);
+			if (!ep) {
+				std::fprintf(stderr, "rdmaswapctl: bad server '%s'\n", value.c_str());
+				return 2;
+			}
+			servers.push_back(*ep);
+		} else if (key == "timeout") {
+			const int s = std::atoi(value.c_str());
+			if (s <= 0) {
+				std::fprintf(stderr, "rdmaswapctl: bad timeout '%s'\n", value.c_str());
+				return 2;
+			}
+			timeout = std::chrono::seconds(s);
+		} else {
+			std::fprintf(stderr, "rdmaswapctl: unknown argument '%s'\n", arg.c_str());
+			return usage();
+		}
+	}
+	if (servers.empty())
+		return usage();
+	int rc = 0;
+	for (const auto &ep : servers) {
+		std::printf("server=%s\n", ep.str().c_str());
+		proto::StatsReply s;
+		int err;
+		try {
+			ControlClient c(resolve(ep), timeout);
+			err = c.stats(s);
+		} catch (const std::exception &e) {
+			std::printf("error=%s\n\n", e.what());
+			rc = 1;
+			continue;
+		}
+		if (err) {
+			std::printf("error=%s\n\n", std::strerror(err));
+			rc = 1;
+			continue;
+		}
+		std::printf("capacity=%llu\nslab_size=%llu\nslabs_total=%u\nslabs_free=%u\n"
+			    "slabs_used=%u\nsessions=%u\nconnections=%u\n"
+			    "tcp_read_ops=%llu\ntcp_read_bytes=%llu\n"
+			    "tcp_write_ops=%llu\ntcp_write_bytes=%llu\nrdma_qps=%u\n"
+			    "rdma_sessions=%u\n\n",
+			    (unsigned long long)s.capacity, (unsigned long long)s.slab_size,
+			    s.slabs_total, s.slabs_free, s.slabs_total - s.slabs_free, s.sessions,
+			    s.connections, (unsigned long long)s.tcp_read_ops,
+			    (unsigned long long)s.tcp_read_bytes, (unsigned long long)s.tcp_write_ops,
+			    (unsigned long long)s.tcp_write_bytes, s.rdma_qps, s.rdma_sessions);
+	}
+	return rc;
+}
