@@ -1,24 +1,318 @@
 // SPDX-License-Identifier: MIT
-// PLACEHOLDER until the RDMA service lands.
+// RdmaService: rdma_cm listener, per-session PD and per-slab MRs, QP lifecycle. The event
+// thread handles connection events only; no CPU work happens per page.
 #include "memserver/rdma_service.h"
 
-#include <stdexcept>
+#include <poll.h>
 
+#include <algorithm>
+#include <atomic>
+#include <cerrno>
+#include <cstring>
+#include <mutex>
+#include <netdb.h>
+#include <stdexcept>
+#include <thread>
+#include <unordered_map>
+#include <vector>
+
+#include "common/log.h"
 #include "common/rdma/rdma_client.h"
+#include "common/rdma/verbs.h"
+#include "memserver/server.h"
+#include "memserver/sessions.h"
+#include "memserver/slab_pool.h"
 
 namespace rdmaswap {
 
-struct RdmaService::Impl {};
+using namespace rdma;
 
-RdmaService::RdmaService(const std::string &, uint16_t, SlabPool &, SessionTable &, Memserver &)
+struct RdmaService::Impl {
+	// One accepted data QP. Members in creation order (destroyed QP -> CQ -> id).
+	struct Conn {
+		CmId id;
+		Cq cq;
+		Qp qp;
+		uint64_t session = 0;
+		bool established = false;
+	};
+	// A session's RDMA state: its own PD, and one MR per granted slab in that PD, so an rkey
+	// is useless on any other client's QP. Members in creation order (MRs before PD go).
+	struct SessionState {
+		ibv_context *verbs = nullptr;
+		Pd pd;
+		std::unordered_map<uint32_t, Mr> mrs;
+	};
+
+	Impl(SlabPool &p, SessionTable &s, Memserver &o) : pool(p), sessions(s), owner(o) {}
+
+	SlabPool &pool;
+	SessionTable &sessions;
+	Memserver &owner;
+	EventChannel ch;
+	CmId listen_id;
+	std::mutex mu;
+	std::unordered_map<uint64_t, SessionState> states; // destroyed after conns
+	std::unordered_map<rdma_cm_id *, std::unique_ptr<Conn>> conns;
+	std::atomic<uint32_t> qps{0};
+	std::atomic<bool> stop{false};
+	std::thread thread;
+
+	void loop();
+	// Accept or reject a data QP. Rejected ids go to `reject_ids` (destroyed after the event
+	// is acked); sessions whose reference must be dropped go to `leave` (left without `mu`).
+	void on_connect_request(rdma_cm_event *ev, std::vector<CmId> &reject_ids,
+				std::vector<uint64_t> &leave);
+	std::unique_ptr<Conn> take_conn(rdma_cm_id *id);
+	int register_slab(SessionState &st, uint32_t slab);
+};
+
+bool RdmaService::devices_present()
 {
-	throw std::runtime_error("RDMA service not built");
+	return rdma::devices_present();
 }
-RdmaService::~RdmaService() = default;
-int RdmaService::expose_slab(uint64_t, uint32_t, uint64_t &, uint32_t &) { return ENOTSUP; }
-void RdmaService::unexpose_slab(uint64_t, uint32_t) {}
-void RdmaService::end_session(uint64_t) {}
-uint32_t RdmaService::qps() const { return 0; }
-bool RdmaService::devices_present() { return rdma::devices_present(); }
+
+RdmaService::RdmaService(const std::string &listen, uint16_t port, SlabPool &pool,
+			 SessionTable &sessions, Memserver &owner)
+	: impl_(std::make_unique<Impl>(pool, sessions, owner))
+{
+	if (!rdma::devices_present())
+		throw std::runtime_error("no RDMA device (for Soft-RoCE: rdma link add rxe0 type rxe "
+					 "netdev ETH)");
+	impl_->ch = make_event_channel();
+	rdma_cm_id *raw = nullptr;
+	if (rdma_create_id(impl_->ch.get(), &raw, nullptr, RDMA_PS_TCP))
+		throw std::runtime_error(errno_text("rdma_create_id"));
+	impl_->listen_id.reset(raw);
+	addrinfo hints{};
+	hints.ai_family = AF_UNSPEC;
+	hints.ai_flags = AI_PASSIVE | AI_NUMERICSERV;
+	hints.ai_socktype = SOCK_STREAM;
+	addrinfo *res = nullptr;
+	const std::string p = std::to_string(port);
+	if (int rc = getaddrinfo(listen.c_str(), p.c_str(), &hints, &res))
+		throw std::runtime_error("cannot resolve " + listen + ": " + gai_strerror(rc));
+	const int rc = rdma_bind_addr(raw, res->ai_addr);
+	const int err = errno;
+	freeaddrinfo(res);
+	if (rc) {
+		errno = err;
+		throw std::runtime_error(errno_text("rdma_bind_addr") + " on " + listen + ":" + p);
+	}
+	if (rdma_listen(raw, 64))
+		throw std::runtime_error(errno_text("rdma_listen"));
+	impl_->thread = std::thread([this] { impl_->loop(); });
+	logger("rdma")->info("RDMA listening on {}:{}", listen, port);
+}
+
+RdmaService::~RdmaService()
+{
+	impl_->stop.store(true);
+	if (impl_->thread.joinable())
+		impl_->thread.join();
+	std::lock_guard lock(impl_->mu);
+	for (auto &[id, c] : impl_->conns)
+		rdma_disconnect(id);
+	impl_->conns.clear();
+	impl_->states.clear();
+}
+
+uint32_t RdmaService::qps() const
+{
+	return impl_->qps.load();
+}
+
+int RdmaService::Impl::register_slab(SessionState &st, uint32_t slab)
+{
+	ibv_mr *mr = ibv_reg_mr(st.pd.get(), pool.slab_base(slab), pool.slab_size(),
+				IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_READ |
+					IBV_ACCESS_REMOTE_WRITE);
+	if (!mr)
+		return errno ? errno : ENOMEM;
+	st.mrs[slab].reset(mr);
+	return 0;
+}
+
+int RdmaService::expose_slab(uint64_t session, uint32_t id, uint64_t &addr, uint32_t &rkey)
+{
+	std::lock_guard lock(impl_->mu);
+	auto it = impl_->states.find(session);
+	if (it == impl_->states.end() || !it->second.pd)
+		return EAGAIN; // no QP attached yet: connect data paths before allocating
+	auto &st = it->second;
+	if (!st.mrs.count(id))
+		if (int err = impl_->register_slab(st, id))
+			return err;
+	addr = reinterpret_cast<uint64_t>(impl_->pool.slab_base(id));
+	rkey = st.mrs[id]->rkey;
+	return 0;
+}
+
+void RdmaService::unexpose_slab(uint64_t session, uint32_t id)
+{
+	std::lock_guard lock(impl_->mu);
+	auto it = impl_->states.find(session);
+	if (it != impl_->states.end())
+		it->second.mrs.erase(id); // deregisters: no QP can reach the slab any more
+}
+
+void RdmaService::end_session(uint64_t session)
+{
+	std::lock_guard lock(impl_->mu);
+	impl_->states.erase(session);
+}
+
+void RdmaService::Impl::on_connect_request(rdma_cm_event *ev, std::vector<CmId> &reject_ids,
+					    std::vector<uint64_t> &leave)
+{
+	auto log = logger("rdma");
+	rdma_cm_id *id = ev->id;
+	auto reject = [&](uint32_t status, const char *why) {
+		log->warn("refusing RDMA connection: {}", why);
+		RejectData r{status};
+		rdma_reject(id, &r, sizeof r);
+		reject_ids.emplace_back(id); // destroyed after the event is acked
+	};
+	ConnectData cd;
+	if (ev->param.conn.private_data_len < sizeof cd) {
+		reject(EPROTO, "connect request without session data");
+		return;
+	}
+	std::memcpy(&cd, ev->param.conn.private_data, sizeof cd);
+	if (cd.magic != ConnectData{}.magic || cd.version != ConnectData{}.version) {
+		reject(EPROTO, "connect request with a bad magic or version");
+		return;
+	}
+	if (!sessions.join(cd.session_id, cd.token)) {
+		reject(ENOENT, "unknown session or wrong token");
+		return;
+	}
+	std::lock_guard lock(mu);
+	auto fail = [&](uint32_t status, const std::string &why) {
+		reject(status, why.c_str());
+		leave.push_back(cd.session_id);
+	};
+	SessionState &st = states[cd.session_id];
+	if (!st.pd) {
+		st.verbs = id->verbs;
+		st.pd.reset(ibv_alloc_pd(id->verbs));
+		if (!st.pd) {
+			fail(ENOMEM, errno_text("ibv_alloc_pd"));
+			return;
+		}
+		for (uint32_t slab : pool.owned_by(cd.session_id))
+			if (int err = register_slab(st, slab)) {
+				fail(uint32_t(err), "cannot register slab");
+				return;
+			}
+	} else if (st.verbs != id->verbs) {
+		fail(EXDEV, "session already uses another RDMA device");
+		return;
+	}
+	auto c = std::make_unique<Conn>();
+	c->id.reset(id);
+	c->session = cd.session_id;
+	c->cq.reset(ibv_create_cq(id->verbs, 2, nullptr, nullptr, 0));
+	if (!c->cq) {
+		c->id.release();
+		fail(ENOMEM, errno_text("ibv_create_cq"));
+		return;
+	}
+	ibv_qp_init_attr qa{};
+	qa.send_cq = c->cq.get();
+	qa.recv_cq = c->cq.get();
+	qa.qp_type = IBV_QPT_RC;
+	qa.cap.max_send_wr = 1;
+	qa.cap.max_recv_wr = 1;
+	qa.cap.max_send_sge = 1;
+	qa.cap.max_recv_sge = 1;
+	if (rdma_create_qp(id, st.pd.get(), &qa)) {
+		c->cq.reset();
+		c->id.release();
+		fail(ENOMEM, errno_text("rdma_create_qp"));
+		return;
+	}
+	c->qp.reset(id);
+	ibv_device_attr attr{};
+	ibv_query_device(id->verbs, &attr);
+	rdma_conn_param cp{};
+	cp.responder_resources =
+		uint8_t(std::min<int>(ev->param.conn.initiator_depth, attr.max_qp_rd_atom));
+	cp.initiator_depth = 0;
+	cp.rnr_retry_count = 7;
+	if (rdma_accept(id, &cp)) {
+		const std::string why = errno_text("rdma_accept");
+		c->qp.reset();
+		c->cq.reset();
+		c->id.release();
+		fail(EIO, why);
+		return;
+	}
+	conns[id] = std::move(c);
+	log->debug("accepted RDMA QP for session {:016x}", cd.session_id);
+}
+
+std::unique_ptr<RdmaService::Impl::Conn> RdmaService::Impl::take_conn(rdma_cm_id *id)
+{
+	std::lock_guard lock(mu);
+	auto it = conns.find(id);
+	if (it == conns.end())
+		return nullptr;
+	auto c = std::move(it->second);
+	conns.erase(it);
+	if (c->established)
+		qps.fetch_sub(1);
+	return c;
+}
+
+void RdmaService::Impl::loop()
+{
+	auto log = logger("rdma");
+	while (!stop.load()) {
+		std::string why;
+		rdma_cm_event *ev = next_event(ch.get(), std::chrono::milliseconds(200), why);
+		if (!ev)
+			continue;
+		std::vector<CmId> reject_ids;
+		std::vector<uint64_t> leave;
+		std::unique_ptr<Conn> gone;
+		switch (ev->event) {
+		case RDMA_CM_EVENT_CONNECT_REQUEST:
+			on_connect_request(ev, reject_ids, leave);
+			break;
+		case RDMA_CM_EVENT_ESTABLISHED: {
+			std::lock_guard lock(mu);
+			auto it = conns.find(ev->id);
+			if (it != conns.end() && !it->second->established) {
+				it->second->established = true;
+				qps.fetch_add(1);
+			}
+			break;
+		}
+		case RDMA_CM_EVENT_DISCONNECTED:
+		case RDMA_CM_EVENT_REJECTED:
+		case RDMA_CM_EVENT_CONNECT_ERROR:
+		case RDMA_CM_EVENT_UNREACHABLE:
+			gone = take_conn(ev->id);
+			break;
+		case RDMA_CM_EVENT_DEVICE_REMOVAL:
+			log->error("RDMA device removed");
+			gone = take_conn(ev->id);
+			break;
+		default:
+			break;
+		}
+		rdma_ack_cm_event(ev);
+		reject_ids.clear();
+		if (gone) {
+			leave.push_back(gone->session);
+			rdma_disconnect(gone->id.get());
+			gone.reset();
+			log->debug("RDMA QP of session {:016x} closed", leave.back());
+		}
+		for (uint64_t s : leave)
+			owner.leave_session(s); // may call end_session, which takes `mu`
+	}
+}
 
 } // namespace rdmaswap

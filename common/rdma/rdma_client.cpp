@@ -1,12 +1,31 @@
 // SPDX-License-Identifier: MIT
-// PLACEHOLDER until the RDMA client lands: reports devices, refuses to connect.
+// RDMA client: device context + PD + registered channel buffers (setup), and RdmaDataPath, an
+// RC QP doing one-sided READ/WRITE with preallocated work requests (data path).
 #include "common/rdma/rdma_client.h"
 
-#include <infiniband/verbs.h>
+#include <fcntl.h>
+#include <poll.h>
 
+#include <array>
+#include <cerrno>
+#include <cstring>
+#include <mutex>
 #include <stdexcept>
 
+#include "common/backoff.h"
+#include "common/log.h"
+#include "common/rdma/verbs.h"
+
 namespace rdmaswap::rdma {
+
+namespace {
+// Writes up to this size go inline in the work request (no DMA read of the local buffer).
+constexpr uint32_t kWantInline = 128;
+// Busy-poll the CQ this long before sleeping on the completion channel.
+constexpr auto kSpin = std::chrono::microseconds(50);
+// RDMA READs we may have outstanding on one QP.
+constexpr int kMaxReadDepth = 16;
+} // namespace
 
 bool devices_present()
 {
@@ -17,26 +36,359 @@ bool devices_present()
 	return n > 0;
 }
 
-bool can_reach(const Endpoint &, std::chrono::milliseconds, std::string &why)
+bool can_reach(const Endpoint &ep, std::chrono::milliseconds timeout, std::string &why)
 {
-	why = "RDMA client not built";
-	return false;
+	try {
+		EventChannel ch = make_event_channel();
+		rdma_cm_id *raw = nullptr;
+		if (rdma_create_id(ch.get(), &raw, nullptr, RDMA_PS_TCP))
+			throw std::runtime_error(errno_text("rdma_create_id"));
+		CmId id(raw);
+		resolve(id.get(), ch.get(), ep.host, ep.port, timeout);
+		if (!id->verbs)
+			throw std::runtime_error("no RDMA device on the route");
+		return true;
+	} catch (const std::exception &e) {
+		why = ep.str() + ": " + e.what();
+		return false;
+	}
 }
 
-struct ClientContext::Impl {};
+struct ClientContext::Impl {
+	EventChannel ch;
+	CmId probe;
+	ibv_context *verbs = nullptr;
+	ibv_device_attr attr{};
+	Pd pd;
+	std::mutex mu; // guards the registration below (setup only)
+	Mr mr;
+	std::byte *region = nullptr;
+	size_t region_len = 0;
 
-ClientContext::ClientContext(const Endpoint &, std::chrono::milliseconds)
+	uint32_t lkey_for(std::span<std::byte> r)
+	{
+		std::lock_guard lock(mu);
+		if (!mr) {
+			mr.reset(ibv_reg_mr(pd.get(), r.data(), r.size(), IBV_ACCESS_LOCAL_WRITE));
+			if (!mr)
+				throw std::runtime_error(errno_text("ibv_reg_mr(channel buffers)"));
+			region = r.data();
+			region_len = r.size();
+		} else if (r.data() != region || r.size() != region_len) {
+			throw std::logic_error("RDMA data paths must share one registered region");
+		}
+		return mr->lkey;
+	}
+};
+
+ClientContext::ClientContext(const Endpoint &probe, std::chrono::milliseconds timeout)
+	: impl_(std::make_unique<Impl>())
 {
-	throw std::runtime_error("RDMA client not built");
+	impl_->ch = make_event_channel();
+	rdma_cm_id *raw = nullptr;
+	if (rdma_create_id(impl_->ch.get(), &raw, nullptr, RDMA_PS_TCP))
+		throw std::runtime_error(errno_text("rdma_create_id"));
+	impl_->probe.reset(raw);
+	resolve(raw, impl_->ch.get(), probe.host, probe.port, timeout);
+	impl_->verbs = raw->verbs;
+	if (!impl_->verbs)
+		throw std::runtime_error("no RDMA device routes to " + probe.str());
+	if (ibv_query_device(impl_->verbs, &impl_->attr))
+		throw std::runtime_error(errno_text("ibv_query_device"));
+	impl_->pd.reset(ibv_alloc_pd(impl_->verbs));
+	if (!impl_->pd)
+		throw std::runtime_error(errno_text("ibv_alloc_pd"));
+	logger("rdma")->debug("RDMA device {} reaches {}", ibv_get_device_name(impl_->verbs->device),
+			      probe.str());
 }
+
 ClientContext::~ClientContext() = default;
 
-std::unique_ptr<DataPath> ClientContext::open_data_path(const Endpoint &, uint64_t, uint64_t,
-							 std::chrono::milliseconds,
-							 std::span<std::byte>,
-							 std::shared_ptr<std::atomic<bool>>)
+namespace {
+
+class RdmaDataPath final : public DataPath {
+public:
+	RdmaDataPath(ClientContext::Impl &ctx, const Endpoint &ep, uint64_t session_id,
+		     uint64_t token, std::chrono::milliseconds timeout, std::span<std::byte> region,
+		     std::shared_ptr<std::atomic<bool>> lost)
+		: ctx_(ctx), ep_(ep), session_id_(session_id), token_(token), timeout_(timeout),
+		  region_(region), lkey_(ctx.lkey_for(region)), lost_(std::move(lost))
+	{
+		connect(); // throws: the first connection is part of setup
+	}
+
+	~RdmaDataPath() override { teardown(); }
+
+	int post_read(const SlabGrant &slab, uint64_t off, uint32_t len, std::byte *local) override
+	{
+		return post(IBV_WR_RDMA_READ, slab, off, len, local);
+	}
+
+	int post_write(const SlabGrant &slab, uint64_t off, uint32_t len,
+		       const std::byte *local) override
+	{
+		return post(IBV_WR_RDMA_WRITE, slab, off, len, const_cast<std::byte *>(local));
+	}
+
+	int complete() override;
+
+private:
+	void connect();
+	void teardown();
+	int ensure_connected();
+	int post(ibv_wr_opcode op, const SlabGrant &slab, uint64_t off, uint32_t len, std::byte *local);
+	int fail(int err, const char *what, const char *detail);
+	int wait(uint64_t seq);
+
+	ClientContext::Impl &ctx_;
+	const Endpoint ep_;
+	const uint64_t session_id_;
+	const uint64_t token_;
+	const std::chrono::milliseconds timeout_;
+	const std::span<std::byte> region_;
+	const uint32_t lkey_;
+	std::shared_ptr<std::atomic<bool>> lost_;
+
+	// Creation order; destroyed in reverse by teardown().
+	EventChannel ch_;
+	CmId id_;
+	CompChannel comp_;
+	Cq cq_;
+	Qp qp_;
+	uint32_t max_inline_ = 0;
+
+	// Preallocated work requests: filled by post(), chained and posted once by complete().
+	std::array<ibv_send_wr, kMaxBatch> wrs_{};
+	std::array<ibv_sge, kMaxBatch> sges_{};
+	unsigned n_ = 0;
+	int error_ = 0;
+	uint64_t seq_ = 0;
+	Backoff backoff_;
+};
+
+void RdmaDataPath::connect()
 {
-	throw std::runtime_error("RDMA client not built");
+	ch_ = make_event_channel();
+	rdma_cm_id *raw = nullptr;
+	if (rdma_create_id(ch_.get(), &raw, nullptr, RDMA_PS_TCP))
+		throw std::runtime_error(errno_text("rdma_create_id"));
+	id_.reset(raw);
+	resolve(raw, ch_.get(), ep_.host, ep_.port, timeout_);
+	if (raw->verbs != ctx_.verbs)
+		throw std::runtime_error("memserver " + ep_.str() +
+					 " is reached through another RDMA device than the first "
+					 "server; use one device for all");
+	comp_.reset(ibv_create_comp_channel(raw->verbs));
+	if (!comp_)
+		throw std::runtime_error(errno_text("ibv_create_comp_channel"));
+	const int flags = fcntl(comp_->fd, F_GETFL);
+	fcntl(comp_->fd, F_SETFL, flags | O_NONBLOCK);
+	cq_.reset(ibv_create_cq(raw->verbs, int(2 * kMaxBatch), nullptr, comp_.get(), 0));
+	if (!cq_)
+		throw std::runtime_error(errno_text("ibv_create_cq"));
+
+	ibv_qp_init_attr qa{};
+	qa.send_cq = cq_.get();
+	qa.recv_cq = cq_.get();
+	qa.qp_type = IBV_QPT_RC;
+	qa.sq_sig_all = 0; // selective signaling: only the last WR of a batch is signaled
+	qa.cap.max_send_wr = kMaxBatch;
+	qa.cap.max_recv_wr = 1;
+	qa.cap.max_send_sge = 1;
+	qa.cap.max_recv_sge = 1;
+	qa.cap.max_inline_data = kWantInline;
+	if (rdma_create_qp(raw, ctx_.pd.get(), &qa)) {
+		qa.cap.max_inline_data = 0; // some devices have no inline support
+		if (rdma_create_qp(raw, ctx_.pd.get(), &qa))
+			throw std::runtime_error(errno_text("rdma_create_qp"));
+	}
+	qp_.reset(raw);
+	max_inline_ = qa.cap.max_inline_data;
+
+	ConnectData cd;
+	cd.session_id = session_id_;
+	cd.token = token_;
+	rdma_conn_param cp{};
+	cp.private_data = &cd;
+	cp.private_data_len = sizeof cd;
+	cp.initiator_depth = uint8_t(std::min(kMaxReadDepth, ctx_.attr.max_qp_init_rd_atom));
+	cp.responder_resources = 0;
+	cp.retry_count = 7;
+	cp.rnr_retry_count = 7;
+	if (rdma_connect(raw, &cp))
+		throw std::runtime_error(errno_text("rdma_connect"));
+	uint32_t reject = 0;
+	try {
+		expect_event(ch_.get(), RDMA_CM_EVENT_ESTABLISHED, timeout_, "RDMA connect", &reject);
+	} catch (const std::runtime_error &e) {
+		if (reject == ENOENT) {
+			lost_->store(true);
+			throw std::runtime_error("memserver " + ep_.str() +
+						 " does not know our session: its slabs are lost");
+		}
+		throw std::runtime_error("memserver " + ep_.str() + ": " + e.what() +
+					 (reject ? std::string(" (refused: ") + std::strerror(int(reject)) + ")"
+						 : std::string()));
+	}
+}
+
+void RdmaDataPath::teardown()
+{
+	if (qp_)
+		rdma_disconnect(qp_.get());
+	qp_.reset();
+	cq_.reset();
+	comp_.reset();
+	id_.reset();
+	ch_.reset();
+}
+
+int RdmaDataPath::fail(int err, const char *what, const char *detail)
+{
+	if (qp_)
+		logger("rdma")->error("data path to {} failed: {}: {}", ep_.str(), what, detail);
+	// Destroy the QP now: nothing may land in the channel buffer once we report the error.
+	teardown();
+	backoff_.failed(Backoff::clock::now());
+	if (!error_)
+		error_ = err;
+	return err;
+}
+
+int RdmaDataPath::ensure_connected()
+{
+	if (qp_)
+		return 0;
+	if (lost_->load())
+		return EIO;
+	const auto now = Backoff::clock::now();
+	if (!backoff_.may_try(now))
+		return EIO;
+	try {
+		connect();
+		backoff_.succeeded();
+		logger("rdma")->warn("data path to {} re-established", ep_.str());
+		return 0;
+	} catch (const std::exception &e) {
+		logger("rdma")->error("reconnect to {} failed: {}", ep_.str(), e.what());
+		teardown();
+		backoff_.failed(now);
+		return EIO;
+	}
+}
+
+int RdmaDataPath::post(ibv_wr_opcode op, const SlabGrant &slab, uint64_t off, uint32_t len,
+		       std::byte *local)
+{
+	int err = 0;
+	if (len == 0 || len > proto::kMaxIo || off > slab.length || slab.length - off < len ||
+	    local < region_.data() || local + len > region_.data() + region_.size())
+		err = EINVAL;
+	else if (n_ == kMaxBatch)
+		err = ENOBUFS;
+	else if (n_ && (wrs_[0].opcode == IBV_WR_RDMA_READ) != (op == IBV_WR_RDMA_READ))
+		err = EINVAL;
+	else if (!error_ && (err = ensure_connected()) == 0) {
+		ibv_sge &sge = sges_[n_];
+		sge.addr = reinterpret_cast<uint64_t>(local);
+		sge.length = len;
+		sge.lkey = lkey_;
+		ibv_send_wr &wr = wrs_[n_];
+		wr = ibv_send_wr{};
+		wr.wr_id = 0;
+		wr.sg_list = &sge;
+		wr.num_sge = 1;
+		wr.opcode = op;
+		wr.send_flags = (op == IBV_WR_RDMA_WRITE && len <= max_inline_) ? IBV_SEND_INLINE : 0;
+		wr.wr.rdma.remote_addr = slab.addr + off;
+		wr.wr.rdma.rkey = slab.rkey;
+		n_++;
+		return 0;
+	}
+	if (!error_)
+		error_ = err;
+	return err ? err : error_;
+}
+
+int RdmaDataPath::wait(uint64_t seq)
+{
+	const auto start = std::chrono::steady_clock::now();
+	const auto deadline = start + timeout_;
+	bool armed = false;
+	for (;;) {
+		ibv_wc wc[kMaxBatch];
+		const int n = ibv_poll_cq(cq_.get(), int(kMaxBatch), wc);
+		if (n < 0)
+			return fail(EIO, "ibv_poll_cq", std::strerror(errno));
+		bool done = false;
+		for (int i = 0; i < n; i++) {
+			if (wc[i].status != IBV_WC_SUCCESS)
+				return fail(EIO, "work completion", ibv_wc_status_str(wc[i].status));
+			if (wc[i].wr_id == seq)
+				done = true;
+		}
+		if (done)
+			return 0;
+		if (n > 0)
+			continue;
+		const auto now = std::chrono::steady_clock::now();
+		if (now >= deadline)
+			return fail(EIO, "completion", "timed out");
+		if (now - start < kSpin)
+			continue; // bounded busy-poll: most completions arrive within it on real NICs
+		if (!armed) {
+			if (ibv_req_notify_cq(cq_.get(), 0))
+				return fail(EIO, "ibv_req_notify_cq", std::strerror(errno));
+			armed = true;
+			continue; // poll once more: a completion may have raced the arming
+		}
+		pollfd p{comp_->fd, POLLIN, 0};
+		const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - now);
+		::poll(&p, 1, int(left.count()) + 1);
+		ibv_cq *ev_cq = nullptr;
+		void *ev_ctx = nullptr;
+		if (ibv_get_cq_event(comp_.get(), &ev_cq, &ev_ctx) == 0) {
+			ibv_ack_cq_events(ev_cq, 1);
+			armed = false;
+		}
+	}
+}
+
+int RdmaDataPath::complete()
+{
+	if (error_ || n_ == 0) {
+		const int r = error_;
+		n_ = 0;
+		error_ = 0;
+		return r;
+	}
+	for (unsigned i = 0; i + 1 < n_; i++)
+		wrs_[i].next = &wrs_[i + 1];
+	ibv_send_wr &last = wrs_[n_ - 1];
+	last.next = nullptr;
+	last.send_flags |= IBV_SEND_SIGNALED;
+	last.wr_id = ++seq_;
+	n_ = 0;
+	ibv_send_wr *bad = nullptr;
+	if (int rc = ibv_post_send(qp_->qp, &wrs_[0], &bad))
+		fail(EIO, "ibv_post_send", std::strerror(rc));
+	else
+		wait(last.wr_id);
+	const int r = error_;
+	error_ = 0;
+	return r;
+}
+
+} // namespace
+
+std::unique_ptr<DataPath> ClientContext::open_data_path(const Endpoint &ep, uint64_t session_id,
+							 uint64_t token,
+							 std::chrono::milliseconds timeout,
+							 std::span<std::byte> region,
+							 std::shared_ptr<std::atomic<bool>> session_lost)
+{
+	return std::make_unique<RdmaDataPath>(*impl_, ep, session_id, token, timeout, region,
+					      std::move(session_lost));
 }
 
 } // namespace rdmaswap::rdma

@@ -11,11 +11,6 @@
 
 namespace rdmaswap {
 
-namespace {
-constexpr std::chrono::milliseconds kMinBackoff{100};
-constexpr std::chrono::milliseconds kMaxBackoff{5000};
-} // namespace
-
 TcpDataPath::TcpDataPath(const SockAddr &addr, uint64_t session_id, uint64_t token,
 			 std::chrono::milliseconds timeout, std::span<std::byte> region,
 			 std::shared_ptr<std::atomic<bool>> session_lost)
@@ -36,8 +31,7 @@ void TcpDataPath::fail(int err)
 	if (fd_) {
 		logger("tcp")->warn("data connection to {} failed: {}", addr_.str(), std::strerror(err));
 		fd_.reset();
-		backoff_ = kMinBackoff;
-		next_retry_ = std::chrono::steady_clock::now() + backoff_;
+		backoff_.failed(Backoff::clock::now());
 	}
 }
 
@@ -47,14 +41,14 @@ int TcpDataPath::ensure_connected()
 		return 0;
 	if (session_lost_->load())
 		return EIO;
-	const auto now = std::chrono::steady_clock::now();
-	if (now < next_retry_)
+	const auto now = Backoff::clock::now();
+	if (!backoff_.may_try(now))
 		return EIO;
 	int err = 0;
 	fd_ = join_session(addr_, timeout_, session_id_, token_, false, err);
 	if (fd_) {
 		logger("tcp")->warn("data connection to {} re-established", addr_.str());
-		backoff_ = std::chrono::milliseconds{0};
+		backoff_.succeeded();
 		return 0;
 	}
 	if (err == ENOENT) {
@@ -62,8 +56,7 @@ int TcpDataPath::ensure_connected()
 				     addr_.str());
 		session_lost_->store(true);
 	}
-	backoff_ = std::min(kMaxBackoff, std::max(kMinBackoff, backoff_ * 2));
-	next_retry_ = now + backoff_;
+	backoff_.failed(now);
 	return EIO;
 }
 

@@ -8,6 +8,7 @@
 #include <memory>
 #include <span>
 
+#include "common/backoff.h"
 #include "common/tcp/socket.h"
 #include "common/transport.h"
 
@@ -51,8 +52,7 @@ private:
 	unsigned npending_ = 0;
 	int error_ = 0; // first error of the current batch
 	uint64_t next_id_ = 1;
-	std::chrono::steady_clock::time_point next_retry_{};
-	std::chrono::milliseconds backoff_{0};
+	Backoff backoff_;
 };
 
 } // namespace rdmaswap
