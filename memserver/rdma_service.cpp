@@ -237,7 +237,7 @@ void RdmaService::Impl::on_connect_request(rdma_cm_event *ev, std::vector<CmId> 
 	ibv_query_device(id->verbs, &attr);
 	rdma_conn_param cp{};
 	cp.responder_resources =
-		uint8_t(std::min<int>(ev->param.conn.initiator_depth, attr.max_qp_rd_atom));
+		uint8_t(std::min<int>(ev->param.conn.responder_resources, attr.max_qp_rd_atom));
 	cp.initiator_depth = 0;
 	cp.rnr_retry_count = 7;
 	if (rdma_accept(id, &cp)) {

@@ -97,7 +97,8 @@ void rdmaswap_dump_plugin()
 {
 	std::printf("rdmaswap_version=%s\n", RDMASWAP_VERSION);
 	std::printf("rdmaswap_tcp=yes\n");
-	std::printf("rdmaswap_rdma=%s\n", rdma::devices_present() ? "yes" : "no");
+	std::printf("rdmaswap_rdma=yes\n"); // built with rdma-core
+	std::printf("rdmaswap_rdma_devices=%d\n", rdma::device_count());
 }
 
 int rdmaswap_config(const char *key, const char *value)

@@ -27,13 +27,14 @@ constexpr auto kSpin = std::chrono::microseconds(50);
 constexpr int kMaxReadDepth = 16;
 } // namespace
 
-bool devices_present()
+int device_count()
 {
 	int n = 0;
 	ibv_device **list = ibv_get_device_list(&n);
-	if (list)
-		ibv_free_device_list(list);
-	return n > 0;
+	if (!list)
+		return 0;
+	ibv_free_device_list(list);
+	return n;
 }
 
 bool can_reach(const Endpoint &ep, std::chrono::milliseconds timeout, std::string &why)

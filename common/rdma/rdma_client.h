@@ -15,8 +15,9 @@
 
 namespace rdmaswap::rdma {
 
-// True if libibverbs lists at least one device.
-bool devices_present();
+// Number of RDMA devices libibverbs lists (0 on error).
+int device_count();
+inline bool devices_present() { return device_count() > 0; }
 
 // Whether an RDMA device on this host can reach `ep` (rdma_resolve_addr + route succeed within
 // `timeout`). On false, `why` says what failed.
