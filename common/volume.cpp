@@ -37,6 +37,9 @@ Volume::Volume(std::vector<std::unique_ptr<Server>> servers, const VolumeOptions
 	if (opts.channels == 0 || opts.channels > 1024)
 		throw std::runtime_error("channels must be between 1 and 1024");
 	slab_size_ = servers_[0]->info().slab_size;
+	if (slab_size_ < 4096 || (slab_size_ & (slab_size_ - 1)) != 0)
+		throw std::runtime_error("memserver " + servers_[0]->name() +
+					 " reports a slab size that is not a power of two >= 4096");
 	for (auto &s : servers_) {
 		if (s->info().slab_size != slab_size_)
 			throw std::runtime_error("memservers " + servers_[0]->name() + " and " +
@@ -291,7 +294,7 @@ int Volume::pread(void *buf, uint32_t count, uint64_t offset)
 		if (err) {
 			logger("volume")->debug("read of {} bytes at {} failed: {}", len, at,
 						std::strerror(err));
-			return err == EINVAL ? EIO : err;
+			return EIO; // whatever the transport said: the client gets EIO, never data
 		}
 		std::memcpy(dst + done, ch.buf, len);
 		done += len;
@@ -343,7 +346,7 @@ int Volume::write_chunk(Channel &ch, const std::byte *src, uint64_t at, uint32_t
 	if (err) {
 		logger("volume")->debug("write of {} bytes at {} failed: {}", len, at,
 					std::strerror(err));
-		return (err == EINVAL) ? EIO : err;
+		return err == ENOSPC ? ENOSPC : EIO; // no room on any memserver, else EIO
 	}
 	return 0;
 }

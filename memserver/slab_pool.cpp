@@ -128,6 +128,10 @@ std::byte *SlabPool::begin_access(uint32_t id, uint64_t owner, uint64_t off, uin
 	if (id >= nslabs_ || owner == 0 || off > slab_size_ || slab_size_ - off < len)
 		return nullptr;
 	Slab &s = slabs_[id];
+	// Cheap refusal first, so that a stream of refused accesses cannot keep the in-flight
+	// count up and stall a concurrent release().
+	if (s.owner.load() != owner)
+		return nullptr;
 	s.inflight.fetch_add(1);
 	if (s.owner.load() != owner) {
 		s.inflight.fetch_sub(1);

@@ -1,1 +1,302 @@
+// SPDX-License-Identifier: MIT
+// Unit tests for memserver/slab_pool: validation, grants, ownership checks, zeroing, and the
+// release/access race.
 #include <catch2/catch.hpp>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cstring>
+#include <set>
+#include <stdexcept>
+#include <thread>
+#include <vector>
+
+#include "memserver/slab_pool.h"
+
+using namespace rdmaswap;
+
+namespace {
+constexpr uint64_t KiB = 1024, MiB = KiB * 1024;
+
+bool all_bytes(const std::byte *p, size_t n, std::byte v)
+{
+	for (size_t i = 0; i < n; i++)
+		if (p[i] != v)
+			return false;
+	return true;
+}
+} // namespace
+
+TEST_CASE("slab pool: geometry", "[slab_pool]")
+{
+	SlabPool pool(4 * MiB, 64 * KiB, false);
+	CHECK(pool.capacity() == 4 * MiB);
+	CHECK(pool.slab_size() == 64 * KiB);
+	CHECK(pool.slabs_total() == 64);
+	CHECK(pool.slabs_free() == 64);
+	REQUIRE(pool.base() != nullptr);
+	CHECK(pool.slab_base(0) == pool.base());
+	CHECK(pool.slab_base(63) == pool.base() + 63 * 64 * KiB);
+	// Fresh memory is zero.
+	CHECK(all_bytes(pool.base(), 4 * MiB, std::byte{0}));
+
+	SlabPool one(1 * MiB, 1 * MiB, false);
+	CHECK(one.slabs_total() == 1);
+}
+
+TEST_CASE("slab pool: invalid slab sizes and capacities throw", "[slab_pool]")
+{
+	for (uint64_t ss : {uint64_t(0), uint64_t(4096), uint64_t(32 * KiB), uint64_t(64 * KiB - 1),
+			    uint64_t(64 * KiB + 4096), uint64_t(96 * KiB), uint64_t(3 * MiB)}) {
+		INFO("slab size " << ss);
+		CHECK_THROWS_AS(SlabPool(6 * MiB, ss, false), std::runtime_error);
+	}
+	for (uint64_t cap : {uint64_t(0), uint64_t(64 * KiB - 1), uint64_t(64 * KiB + 1),
+			     uint64_t(100 * KiB), uint64_t(4 * MiB + 4096)}) {
+		INFO("capacity " << cap);
+		CHECK_THROWS_AS(SlabPool(cap, 64 * KiB, false), std::runtime_error);
+	}
+	// Too many slabs for 32-bit ids: 2^32 slabs of 64 KiB; checked before mapping anything.
+	CHECK_THROWS_AS(SlabPool(uint64_t(1) << 48, 64 * KiB, false), std::runtime_error);
+	// The smallest valid pool.
+	CHECK_NOTHROW(SlabPool(64 * KiB, 64 * KiB, false));
+}
+
+TEST_CASE("slab pool: allocate until exhausted", "[slab_pool]")
+{
+	SlabPool pool(4 * MiB, 64 * KiB, false);
+	std::set<uint32_t> ids;
+	for (uint32_t i = 0; i < 64; i++) {
+		const uint64_t owner = 1 + (i % 3);
+		auto id = pool.allocate(owner);
+		REQUIRE(id);
+		CHECK(*id < 64);
+		CHECK(ids.insert(*id).second); // never granted twice
+		CHECK(pool.owns(*id, owner));
+		CHECK(pool.slabs_free() == 63 - i);
+	}
+	CHECK_FALSE(pool.allocate(1).has_value());
+	CHECK_FALSE(pool.allocate(99).has_value());
+	CHECK(pool.slabs_free() == 0);
+	CHECK(pool.owned_by(1).size() + pool.owned_by(2).size() + pool.owned_by(3).size() == 64);
+	CHECK(pool.owned_by(4).empty());
+
+	// Owner 0 (free) and the internal "releasing" marker are not valid owners.
+	SlabPool fresh(1 * MiB, 64 * KiB, false);
+	CHECK_FALSE(fresh.allocate(0).has_value());
+	CHECK_FALSE(fresh.allocate(~uint64_t(0)).has_value());
+	CHECK(fresh.slabs_free() == 16);
+}
+
+TEST_CASE("slab pool: ownership and range checks on the data path", "[slab_pool]")
+{
+	SlabPool pool(4 * MiB, 64 * KiB, false);
+	const uint64_t A = 11, B = 22;
+	const uint32_t a = *pool.allocate(A);
+	const uint32_t b = *pool.allocate(B);
+	const uint64_t ss = pool.slab_size();
+
+	std::byte *p = pool.begin_access(a, A, 0, ss);
+	REQUIRE(p == pool.slab_base(a));
+	pool.end_access(a);
+	p = pool.begin_access(a, A, 100, 200);
+	REQUIRE(p == pool.slab_base(a) + 100);
+	pool.end_access(a);
+	p = pool.begin_access(a, A, ss - 1, 1);
+	REQUIRE(p == pool.slab_base(a) + ss - 1);
+	pool.end_access(a);
+
+	CHECK(pool.begin_access(a, B, 0, 1) == nullptr); // wrong owner
+	CHECK(pool.begin_access(b, A, 0, 1) == nullptr);
+	CHECK(pool.begin_access(a, 0, 0, 1) == nullptr); // owner 0
+	const uint32_t unowned = (a != 5 && b != 5) ? 5 : 6;
+	CHECK(pool.begin_access(unowned, A, 0, 1) == nullptr); // free slab
+	CHECK(pool.begin_access(a, A, 0, ss + 1) == nullptr);
+	CHECK(pool.begin_access(a, A, 1, ss) == nullptr);
+	CHECK(pool.begin_access(a, A, ss, 1) == nullptr);
+	CHECK(pool.begin_access(a, A, ss + 1, 0) == nullptr);
+	CHECK(pool.begin_access(a, A, ~uint64_t(0), 2) == nullptr); // off+len wraps
+	CHECK(pool.begin_access(a, A, 2, ~uint64_t(0)) == nullptr);
+	CHECK(pool.begin_access(a, A, 4096, ~uint64_t(0) - 4095) == nullptr);
+	CHECK(pool.begin_access(64, A, 0, 1) == nullptr); // id out of range
+	CHECK(pool.begin_access(~uint32_t(0), A, 0, 1) == nullptr);
+
+	CHECK(pool.owns(a, A));
+	CHECK_FALSE(pool.owns(a, B));
+	CHECK_FALSE(pool.owns(a, 0));
+	CHECK_FALSE(pool.owns(64, A));
+
+	// The failed checks above left no in-flight count behind: release does not hang.
+	CHECK(pool.release(a, A));
+	CHECK(pool.release(b, B));
+	CHECK(pool.slabs_free() == 64);
+}
+
+TEST_CASE("slab pool: release by a non-owner fails and changes nothing", "[slab_pool]")
+{
+	SlabPool pool(1 * MiB, 64 * KiB, false);
+	const uint32_t a = *pool.allocate(1);
+	std::memset(pool.slab_base(a), 0x5a, pool.slab_size());
+	CHECK_FALSE(pool.release(a, 2));
+	CHECK_FALSE(pool.release(a, 0));
+	CHECK_FALSE(pool.release(16, 1));
+	CHECK_FALSE(pool.release(~uint32_t(0), 1));
+	const uint32_t unowned = a == 0 ? 1 : 0;
+	CHECK_FALSE(pool.release(unowned, 1));
+	CHECK(pool.owns(a, 1));
+	CHECK(pool.slabs_free() == 15);
+	CHECK(all_bytes(pool.slab_base(a), pool.slab_size(), std::byte{0x5a}));
+	CHECK(pool.release(a, 1));
+	CHECK_FALSE(pool.release(a, 1)); // twice
+	CHECK(pool.slabs_free() == 16);
+}
+
+TEST_CASE("slab pool: a released slab is zeroed before its next owner gets it", "[slab_pool]")
+{
+	// One slab, so the next grant must be the same memory.
+	SlabPool pool(64 * KiB, 64 * KiB, false);
+	const uint32_t a = *pool.allocate(1);
+	std::byte *p = pool.begin_access(a, 1, 0, pool.slab_size());
+	REQUIRE(p);
+	for (size_t i = 0; i < pool.slab_size(); i++)
+		p[i] = std::byte(uint8_t(i * 7 + 1) | 1);
+	pool.end_access(a);
+	REQUIRE(pool.release(a, 1));
+	const auto again = pool.allocate(2);
+	REQUIRE(again);
+	CHECK(*again == a);
+	std::byte *q = pool.begin_access(*again, 2, 0, pool.slab_size());
+	REQUIRE(q);
+	CHECK(all_bytes(q, pool.slab_size(), std::byte{0}));
+	pool.end_access(*again);
+	CHECK(pool.begin_access(a, 1, 0, 1) == nullptr); // old owner is locked out
+
+	// With many slabs: dirty all, release all, every re-grant is zero.
+	SlabPool many(2 * MiB, 64 * KiB, false);
+	std::vector<uint32_t> ids;
+	while (auto id = many.allocate(5))
+		ids.push_back(*id);
+	for (uint32_t id : ids)
+		std::memset(many.slab_base(id), 0xff, many.slab_size());
+	for (uint32_t id : ids)
+		REQUIRE(many.release(id, 5));
+	while (auto id = many.allocate(6))
+		CHECK(all_bytes(many.slab_base(*id), many.slab_size(), std::byte{0}));
+}
+
+TEST_CASE("slab pool: release_all", "[slab_pool]")
+{
+	SlabPool pool(4 * MiB, 64 * KiB, false);
+	std::vector<uint32_t> mine, theirs;
+	for (int i = 0; i < 20; i++) {
+		mine.push_back(*pool.allocate(7));
+		theirs.push_back(*pool.allocate(8));
+	}
+	for (uint32_t id : mine)
+		std::memset(pool.slab_base(id), 0x77, pool.slab_size());
+	for (uint32_t id : theirs)
+		std::memset(pool.slab_base(id), 0x88, pool.slab_size());
+	auto owned = pool.owned_by(7);
+	std::sort(mine.begin(), mine.end());
+	CHECK(owned == mine);
+
+	CHECK(pool.release_all(7) == 20);
+	CHECK(pool.slabs_free() == 64 - 20);
+	CHECK(pool.owned_by(7).empty());
+	CHECK(pool.owned_by(8).size() == 20);
+	for (uint32_t id : mine) {
+		CHECK_FALSE(pool.owns(id, 7));
+		CHECK(all_bytes(pool.slab_base(id), pool.slab_size(), std::byte{0}));
+	}
+	for (uint32_t id : theirs) // untouched
+		CHECK(all_bytes(pool.slab_base(id), pool.slab_size(), std::byte{0x88}));
+	CHECK(pool.release_all(7) == 0);
+	CHECK(pool.release_all(0) == 0);
+	CHECK(pool.slabs_free() == 44);
+	CHECK(pool.release_all(8) == 20);
+	CHECK(pool.slabs_free() == 64);
+}
+
+TEST_CASE("slab pool: release waits for in-flight access and locks the owner out",
+	  "[slab_pool][concurrency]")
+{
+	SlabPool pool(1 * MiB, 64 * KiB, false);
+	const uint64_t owner = 42;
+	const uint64_t ss = pool.slab_size();
+
+	SECTION("release blocks while an access is open")
+	{
+		const uint32_t id = *pool.allocate(owner);
+		std::byte *p = pool.begin_access(id, owner, 0, ss);
+		REQUIRE(p);
+		std::atomic<bool> released{false};
+		std::atomic<bool> release_ok{false};
+		std::thread t([&] { // no Catch2 assertions off the main thread
+			release_ok = pool.release(id, owner);
+			released = true;
+		});
+		// Wait until the release has marked the slab (ownership gone), then give it time.
+		const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+		while (pool.owns(id, owner) && std::chrono::steady_clock::now() < deadline)
+			std::this_thread::yield();
+		CHECK_FALSE(pool.owns(id, owner));
+		std::this_thread::sleep_for(std::chrono::milliseconds(50));
+		CHECK_FALSE(released.load());
+		// Still ours to write until we end the access; the wipe comes after.
+		std::memset(p, 0xab, ss);
+		// New accesses are refused while the release is pending.
+		CHECK(pool.begin_access(id, owner, 0, 1) == nullptr);
+		pool.end_access(id);
+		t.join();
+		CHECK(released.load());
+		CHECK(release_ok.load());
+		CHECK(all_bytes(pool.slab_base(id), ss, std::byte{0}));
+		CHECK(pool.slabs_free() == 16);
+	}
+
+	SECTION("racing accessors never succeed after release returns")
+	{
+		for (int round = 0; round < 20; round++) {
+			const uint32_t id = *pool.allocate(owner);
+			std::atomic<bool> release_done{false};
+			std::atomic<bool> violation{false};
+			std::atomic<bool> stop{false};
+			std::atomic<uint64_t> successes{0};
+			std::vector<std::thread> ts;
+			for (int t = 0; t < 4; t++)
+				ts.emplace_back([&, t] {
+					while (!stop.load()) {
+						// Read the flag before trying: if the release had
+						// already returned, the access must fail.
+						const bool after = release_done.load();
+						std::byte *p = pool.begin_access(id, owner,
+										 uint64_t(t) * 4096, 4096);
+						if (!p)
+							continue;
+						if (after)
+							violation = true;
+						std::memset(p, 0xc0 + t, 4096);
+						successes++;
+						pool.end_access(id);
+					}
+				});
+			// Let the accessors get going.
+			while (successes.load() < 100)
+				std::this_thread::yield();
+			REQUIRE(pool.release(id, owner));
+			release_done = true;
+			// The slab was wiped after the last access ended: still all zeros while
+			// the accessors keep trying.
+			std::this_thread::sleep_for(std::chrono::milliseconds(2));
+			const bool zero = all_bytes(pool.slab_base(id), ss, std::byte{0});
+			stop = true;
+			for (auto &th : ts)
+				th.join();
+			CHECK_FALSE(violation.load());
+			CHECK(zero);
+			CHECK_FALSE(pool.owns(id, owner));
+			CHECK(pool.slabs_free() == 16);
+		}
+	}
+}

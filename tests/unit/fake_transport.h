@@ -1,0 +1,295 @@
+// SPDX-License-Identifier: MIT
+// In-memory fakes of the Server / DataPath interfaces (common/transport.h) for unit tests.
+//
+// A FakeBackend is the shared state of one fake memserver: its slabs, counters, injected
+// failures and the list of contract violations its data paths saw. FakeServer (owned by the
+// code under test) and FakeDataPath (one per channel) both point at it, so a test keeps a
+// shared_ptr to the backend to inspect it after handing the server away.
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <cerrno>
+#include <cstring>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <span>
+#include <stdexcept>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "common/transport.h"
+
+namespace rdmaswap::test {
+
+struct FakeBackend {
+	explicit FakeBackend(std::string n, uint64_t slab_size, uint32_t nslabs,
+			     uint32_t max_io = proto::kMaxIo)
+		: name(std::move(n)), max_slabs(nslabs)
+	{
+		info.slab_size = slab_size;
+		info.slabs_total = nslabs;
+		info.slabs_free = nslabs;
+		info.max_io = max_io;
+	}
+
+	const std::string name;
+	ServerInfo info;
+	uint32_t max_slabs;
+
+	// Injected behaviour (may be flipped at any time).
+	std::atomic<int> alloc_error{0};     // alloc_slab returns this when non-zero
+	std::atomic<int> free_error{0};      // free_slab returns this (and keeps the slab)
+	std::atomic<int> post_error{0};      // post_read/post_write return this
+	std::atomic<int> complete_error{0};  // complete() returns this and drops the batch
+	std::atomic<bool> lost{false};       // session lost: slabs gone, everything fails
+	std::atomic<bool> fail_open{false};  // open_data_path throws
+	std::atomic<int> alloc_delay_us{0};  // alloc_slab sleeps this long (widens races)
+
+	// Counters.
+	std::atomic<uint64_t> allocs{0}, frees{0}, free_calls{0};
+	std::atomic<uint64_t> posted_reads{0}, posted_writes{0}, completes{0};
+	std::atomic<uint64_t> bytes_read{0}, bytes_written{0};
+	std::atomic<uint64_t> paths_opened{0};
+
+	mutable std::mutex mu;
+	std::map<uint32_t, std::vector<std::byte>> slabs; // id -> contents
+	uint32_t next_id = 1000;
+	std::vector<std::string> violations;
+
+	void violation(const std::string &what)
+	{
+		std::lock_guard lock(mu);
+		violations.push_back(name + ": " + what);
+	}
+	std::vector<std::string> take_violations() const
+	{
+		std::lock_guard lock(mu);
+		return violations;
+	}
+	size_t live_slabs() const
+	{
+		std::lock_guard lock(mu);
+		return slabs.size();
+	}
+	// Lose the session: like a restarted memserver, every slab is gone.
+	void lose_session()
+	{
+		std::lock_guard lock(mu);
+		lost = true;
+		slabs.clear();
+	}
+	// Copy of a slab's bytes (empty if the slab does not exist).
+	std::vector<std::byte> slab_copy(uint32_t id) const
+	{
+		std::lock_guard lock(mu);
+		auto it = slabs.find(id);
+		return it == slabs.end() ? std::vector<std::byte>() : it->second;
+	}
+	// Fake RDMA-style addressing so a data path can check it got back the grant we made.
+	static uint64_t addr_of(uint32_t id) { return 0x7f0000000000ull + uint64_t(id) * 0x100000000ull; }
+	static uint32_t rkey_of(uint32_t id) { return id ^ 0x5a5a0000u; }
+};
+
+class FakeDataPath final : public DataPath {
+public:
+	FakeDataPath(std::shared_ptr<FakeBackend> b, std::span<std::byte> region)
+		: b_(std::move(b)), region_(region)
+	{
+	}
+	~FakeDataPath() override
+	{
+		if (!batch_.empty())
+			b_->violation("data path destroyed with " + std::to_string(batch_.size()) +
+				      " posted operations never completed");
+	}
+
+	int post_read(const SlabGrant &slab, uint64_t off, uint32_t len, std::byte *local) override
+	{
+		Busy busy(this);
+		b_->posted_reads++;
+		return post(false, slab, off, len, local);
+	}
+	int post_write(const SlabGrant &slab, uint64_t off, uint32_t len,
+		       const std::byte *local) override
+	{
+		Busy busy(this);
+		b_->posted_writes++;
+		return post(true, slab, off, len, const_cast<std::byte *>(local));
+	}
+	int complete() override
+	{
+		Busy busy(this);
+		b_->completes++;
+		std::vector<Op> batch;
+		batch.swap(batch_);
+		if (int e = b_->complete_error.load())
+			return e; // the batch is discarded
+		if (b_->lost.load())
+			return EIO;
+		// Operations take effect at completion, not at post: the caller may not assume
+		// anything is done before complete() returns 0.
+		std::lock_guard lock(b_->mu);
+		for (const Op &op : batch) {
+			auto it = b_->slabs.find(op.id);
+			if (it == b_->slabs.end()) {
+				// The slab was freed between post and complete: the caller released a
+				// slab with I/O in flight (or the session died).
+				b_->violations.push_back(b_->name + ": I/O completed on slab " +
+							 std::to_string(op.id) +
+							 " that is no longer granted");
+				return EACCES;
+			}
+			std::byte *remote = it->second.data() + op.off;
+			if (op.write) {
+				std::memcpy(remote, op.local, op.len);
+				b_->bytes_written += op.len;
+			} else {
+				std::memcpy(op.local, remote, op.len);
+				b_->bytes_read += op.len;
+			}
+		}
+		return 0;
+	}
+
+private:
+	struct Op {
+		bool write;
+		uint32_t id;
+		uint64_t off;
+		uint32_t len;
+		std::byte *local;
+	};
+	// The DataPath is not thread-safe: flag concurrent use.
+	struct Busy {
+		explicit Busy(FakeDataPath *p) : p_(p)
+		{
+			if (p_->busy_.exchange(true))
+				p_->b_->violation("data path used by two threads at once");
+		}
+		~Busy() { p_->busy_.store(false); }
+		FakeDataPath *p_;
+	};
+
+	int post(bool write, const SlabGrant &g, uint64_t off, uint32_t len, std::byte *local)
+	{
+		if (int e = b_->post_error.load())
+			return e;
+		if (b_->lost.load())
+			return EIO;
+		const std::string what = std::string(write ? "write" : "read") + " slab " +
+					 std::to_string(g.id) + " off " + std::to_string(off) +
+					 " len " + std::to_string(len);
+		if (len == 0 || len > proto::kMaxIo) {
+			b_->violation(what + ": length outside 1..kMaxIo");
+			return EINVAL;
+		}
+		if (g.length != b_->info.slab_size || off > g.length || g.length - off < len) {
+			b_->violation(what + ": outside the slab");
+			return EINVAL;
+		}
+		if (g.addr != FakeBackend::addr_of(g.id) || g.rkey != FakeBackend::rkey_of(g.id)) {
+			b_->violation(what + ": grant is not one this server made");
+			return EINVAL;
+		}
+		{
+			std::lock_guard lock(b_->mu);
+			if (!b_->slabs.count(g.id)) {
+				b_->violations.push_back(b_->name + ": " + what +
+							 ": slab not granted");
+				return EINVAL;
+			}
+		}
+		if (local < region_.data() || local > region_.data() + region_.size() ||
+		    size_t(region_.data() + region_.size() - local) < len) {
+			b_->violation(what + ": local buffer outside the registered region");
+			return EINVAL;
+		}
+		if (batch_.size() >= kMaxBatch) {
+			b_->violation(what + ": more than kMaxBatch operations posted");
+			return ENOBUFS;
+		}
+		if (!batch_.empty() && batch_.front().write != write) {
+			b_->violation(what + ": reads and writes mixed in one batch");
+			return EINVAL;
+		}
+		batch_.push_back(Op{write, g.id, off, len, local});
+		return 0;
+	}
+
+	std::shared_ptr<FakeBackend> b_;
+	std::span<std::byte> region_;
+	std::vector<Op> batch_;
+	std::atomic<bool> busy_{false};
+};
+
+class FakeServer final : public Server {
+public:
+	explicit FakeServer(std::shared_ptr<FakeBackend> b) : b_(std::move(b)) {}
+
+	const ServerInfo &info() const override { return b_->info; }
+	const std::string &name() const override { return b_->name; }
+
+	int alloc_slab(SlabGrant &out) override
+	{
+		if (b_->lost.load())
+			return EIO;
+		if (int e = b_->alloc_error.load())
+			return e;
+		if (int us = b_->alloc_delay_us.load())
+			std::this_thread::sleep_for(std::chrono::microseconds(us));
+		std::lock_guard lock(b_->mu);
+		if (b_->slabs.size() >= b_->max_slabs)
+			return ENOSPC;
+		const uint32_t id = b_->next_id++;
+		b_->slabs.emplace(id, std::vector<std::byte>(b_->info.slab_size));
+		b_->allocs++;
+		out.id = id;
+		out.length = b_->info.slab_size;
+		out.addr = FakeBackend::addr_of(id);
+		out.rkey = FakeBackend::rkey_of(id);
+		return 0;
+	}
+	int free_slab(uint32_t id) override
+	{
+		b_->free_calls++;
+		if (b_->lost.load())
+			return EIO;
+		if (int e = b_->free_error.load())
+			return e;
+		std::lock_guard lock(b_->mu);
+		if (!b_->slabs.erase(id)) {
+			b_->violations.push_back(b_->name + ": free of slab " + std::to_string(id) +
+						 " that is not granted");
+			return EINVAL;
+		}
+		b_->frees++;
+		return 0;
+	}
+	int stats(proto::StatsReply &out) override
+	{
+		std::lock_guard lock(b_->mu);
+		out = proto::StatsReply{};
+		out.slab_size = b_->info.slab_size;
+		out.capacity = b_->info.slab_size * b_->max_slabs;
+		out.slabs_total = b_->max_slabs;
+		out.slabs_free = b_->max_slabs - uint32_t(b_->slabs.size());
+		return 0;
+	}
+	std::unique_ptr<DataPath> open_data_path(std::span<std::byte> region) override
+	{
+		if (b_->fail_open.load())
+			throw std::runtime_error("fake: cannot open data path");
+		b_->paths_opened++;
+		return std::make_unique<FakeDataPath>(b_, region);
+	}
+	bool session_alive() const override { return !b_->lost.load(); }
+
+private:
+	std::shared_ptr<FakeBackend> b_;
+};
+
+} // namespace rdmaswap::test
