@@ -1,0 +1,83 @@
+// SPDX-License-Identifier: MIT
+// Power-of-two-choices placement: balance at scale, distinct replicas, eligibility.
+#include <catch2/catch.hpp>
+
+#include <algorithm>
+#include <numeric>
+#include <vector>
+
+#include "common/placement.h"
+
+using namespace rdmaswap;
+
+TEST_CASE("placement: 1000 donors x 1000 volumes stay within 1.1 of the mean load", "[placement]")
+{
+	constexpr unsigned kDonors = 1000, kVolumes = 1000, kSlabsPerVolume = 64, kReplicas = 2;
+	std::vector<DonorLoad> donors(kDonors, DonorLoad{0, 1024, true});
+	std::minstd_rand rng(12345);
+	for (unsigned v = 0; v < kVolumes; v++) {
+		for (unsigned s = 0; s < kSlabsPerVolume; s++) {
+			uint16_t out[kReplicas];
+			const unsigned n = place_slab(donors, kReplicas, {}, rng, out);
+			REQUIRE(n == kReplicas);
+			REQUIRE(out[0] != out[1]);
+			for (unsigned r = 0; r < n; r++)
+				donors[out[r]].used++;
+		}
+	}
+	uint64_t sum = 0;
+	uint32_t max = 0;
+	for (auto &d : donors) {
+		sum += d.used;
+		max = std::max(max, d.used);
+	}
+	const double mean = double(sum) / kDonors;
+	CHECK(sum == uint64_t(kVolumes) * kSlabsPerVolume * kReplicas);
+	INFO("mean " << mean << " max " << max);
+	CHECK(max / mean <= 1.1);
+	// And it is the two choices that do it: one random choice is far worse.
+	std::vector<uint32_t> single(kDonors, 0);
+	std::uniform_int_distribution<uint32_t> pick(0, kDonors - 1);
+	for (uint64_t i = 0; i < sum; i++)
+		single[pick(rng)]++;
+	CHECK(*std::max_element(single.begin(), single.end()) / mean > 1.2);
+}
+
+TEST_CASE("placement: replicas go to distinct donors, never to excluded or full or dead ones",
+	  "[placement]")
+{
+	std::minstd_rand rng(7);
+	std::vector<DonorLoad> donors = {
+		{10, 10, true},  // full
+		{0, 10, false},  // dead
+		{5, 10, true},
+		{1, 10, true},
+		{0, 10, true},   // excluded below
+	};
+	const uint16_t exclude[] = {4};
+	for (int i = 0; i < 1000; i++) {
+		uint16_t out[3];
+		const unsigned n = place_slab(donors, 3, exclude, rng, out);
+		REQUIRE(n == 2); // only donors 2 and 3 are eligible
+		CHECK(((out[0] == 2 && out[1] == 3) || (out[0] == 3 && out[1] == 2)));
+	}
+	uint16_t out[1];
+	std::vector<DonorLoad> none = {{1, 1, true}, {0, 1, false}};
+	CHECK(place_slab(none, 1, {}, rng, out) == 0);
+}
+
+TEST_CASE("placement: the less loaded of the two drawn wins, by fraction of capacity",
+	  "[placement]")
+{
+	std::minstd_rand rng(3);
+	// Donor 1 is bigger: 50/1000 used is less loaded than 10/100.
+	std::vector<DonorLoad> donors = {{10, 100, true}, {50, 1000, true}};
+	unsigned to1 = 0;
+	for (int i = 0; i < 1000; i++) {
+		uint16_t out[1];
+		REQUIRE(place_slab(donors, 1, {}, rng, out) == 1);
+		to1 += out[0] == 1;
+	}
+	// Donor 1 wins whenever both are drawn (half the draws) plus when drawn twice.
+	CHECK(to1 > 650);
+}
