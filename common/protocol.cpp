@@ -41,7 +41,7 @@ private:
 
 bool known_op(uint8_t op)
 {
-	return op >= uint8_t(Op::Hello) && op <= uint8_t(Op::Stats);
+	return op >= uint8_t(Op::Hello) && op <= uint8_t(Op::List);
 }
 
 } // namespace
@@ -55,6 +55,7 @@ const char *op_name(Op op)
 	case Op::Read: return "READ";
 	case Op::Write: return "WRITE";
 	case Op::Stats: return "STATS";
+	case Op::List: return "LIST";
 	}
 	return "UNKNOWN";
 }
@@ -68,6 +69,7 @@ long request_body_size(Op op)
 	case Op::Read: return kIoRequestSize;
 	case Op::Write: return kIoRequestSize;
 	case Op::Stats: return 0;
+	case Op::List: return 0;
 	}
 	return -1;
 }
@@ -81,6 +83,7 @@ long reply_body_size(Op op)
 	case Op::Read: return 0;
 	case Op::Write: return 0;
 	case Op::Stats: return kStatsReplySize;
+	case Op::List: return 4; // plus 4 bytes per id
 	}
 	return -1;
 }
@@ -139,12 +142,36 @@ Status decode_header(std::span<const std::byte, kHeaderSize> in, Header &out)
 		if (h.op == Op::Read) {
 			if (h.body_len > kMaxIo)
 				return Status::fail("READ reply payload too large");
+		} else if (h.op == Op::List) {
+			if (h.body_len < 4 || h.body_len > kMaxIo || h.body_len % 4 != 0)
+				return Status::fail("LIST reply length out of range");
 		} else if (h.body_len != fixed) {
 			return Status::fail("reply body length does not match op");
 		}
 	}
 	out = h;
 	return {};
+}
+
+long decode_list(std::span<const std::byte> in, std::span<uint32_t> ids)
+{
+	if (in.size() < 4 || in.size() % 4 != 0)
+		return -1;
+	In i(in);
+	const uint32_t count = i.get<uint32_t>();
+	if (count > kMaxListIds || in.size() != 4 + uint64_t(count) * 4 || count > ids.size())
+		return -1;
+	for (uint32_t k = 0; k < count; k++)
+		ids[k] = i.get<uint32_t>();
+	return long(count);
+}
+
+void encode_list(std::span<const uint32_t> ids, std::span<std::byte> out)
+{
+	Out o(out.first(4 + ids.size() * 4));
+	o.put(uint32_t(ids.size()));
+	for (uint32_t id : ids)
+		o.put(id);
 }
 
 void encode(const HelloRequest &m, std::span<std::byte> out)

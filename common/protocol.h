@@ -22,6 +22,7 @@ enum class Op : uint8_t {
 	Read = 4,
 	Write = 5,
 	Stats = 6,
+	List = 7, // the slabs this session holds (reply: u32 count, then count u32 slab ids)
 };
 
 inline constexpr uint16_t kFlagResponse = 1;
@@ -93,6 +94,14 @@ inline constexpr size_t kAllocReplySize = 24;
 inline constexpr size_t kFreeRequestSize = 8;
 inline constexpr size_t kIoRequestSize = 16;
 inline constexpr size_t kStatsReplySize = 80;
+// LIST reply: a u32 count followed by that many u32 slab ids, at most kMaxIo bytes in all.
+inline constexpr uint32_t kMaxListIds = (kMaxIo - 4) / 4;
+// Decode a LIST reply body into `ids` (capacity ids.size()); returns the count or -1 if the
+// body is malformed (size not 4 + 4*count, or more ids than fit).
+long decode_list(std::span<const std::byte> in, std::span<uint32_t> ids);
+// Encode count + ids into `out` (which must hold 4 + 4*ids.size() bytes).
+void encode_list(std::span<const uint32_t> ids, std::span<std::byte> out);
+
 // The largest fixed body of any message: a receive buffer of this size holds any body.
 inline constexpr size_t kMaxFixedBody = 80;
 

@@ -34,29 +34,60 @@ RemoteServer::RemoteServer(const RemoteServerOptions &opts)
 	info_.slabs_free = hello.slabs_free;
 	info_.max_io = hello.max_io;
 	info_.rdma = hello.server_flags & proto::kServerRdma;
+	granted_.assign(hello.slabs_total, 0);
+	list_ids_.resize(std::min<uint32_t>(hello.slabs_total, proto::kMaxListIds));
 	logger("client")->debug("memserver {}: session {} slab size {} slabs {} free {}", name_,
 				hello.session_id, hello.slab_size, hello.slabs_total,
 				hello.slabs_free);
 }
 
+void RemoteServer::reconcile()
+{
+	if (!control_->outcome_unknown())
+		return;
+	const long n = control_->list(list_ids_);
+	if (n < 0)
+		return; // still unknown: try again at the next control call
+	control_->clear_outcome_unknown();
+	for (long i = 0; i < n; i++) {
+		const uint32_t id = list_ids_[size_t(i)];
+		if (id < granted_.size() && granted_[id])
+			continue;
+		const int err = control_->free_slab(id);
+		logger("client")->warn("memserver {}: gave back slab {} granted by a request whose "
+				       "answer was lost: {}",
+				       name_, id, err ? std::strerror(err) : "done");
+	}
+}
+
 int RemoteServer::alloc_slab(SlabGrant &out)
 {
+	std::lock_guard lock(mu_);
+	reconcile();
 	proto::AllocReply r;
 	const int err = control_->alloc(r);
 	if (control_->session_lost())
 		lost_->store(true);
 	if (err)
 		return err;
-	if (r.length != info_.slab_size)
+	if (r.length != info_.slab_size || r.slab_id >= granted_.size() ||
+	    (opts_.kind == TransportKind::Rdma && r.rkey == 0 && r.addr == 0)) {
+		control_->free_slab(r.slab_id);
 		return EPROTO;
-	if (opts_.kind == TransportKind::Rdma && r.rkey == 0 && r.addr == 0)
-		return EPROTO;
+	}
+	granted_[r.slab_id] = 1;
 	out = SlabGrant{r.slab_id, r.length, r.addr, r.rkey};
 	return 0;
 }
 
 int RemoteServer::free_slab(uint32_t id)
 {
+	std::lock_guard lock(mu_);
+	reconcile();
+	// Forget it whatever happens: the caller discards the content; if the server kept the
+	// slab (outcome unknown), the next reconcile gives it back.
+	if (id < granted_.size())
+		granted_[id] = 0;
 	const int err = control_->free_slab(id);
 	if (control_->session_lost())
 		lost_->store(true);

@@ -5,7 +5,9 @@
 #include <atomic>
 #include <chrono>
 #include <memory>
+#include <mutex>
 #include <string>
+#include <vector>
 
 #include "common/config.h"
 #include "common/tcp/rpc.h"
@@ -40,11 +42,19 @@ public:
 	bool session_alive() const override;
 
 private:
+	// After a control call with an unknown outcome (e.g. an ALLOC that timed out but that the
+	// server may still execute), ask the server which slabs we hold and give back any we do
+	// not know about, so nothing leaks. Caller holds mu_.
+	void reconcile();
+
 	const RemoteServerOptions opts_;
 	const std::string name_;
 	SockAddr addr_;
 	std::unique_ptr<ControlClient> control_;
 	ServerInfo info_;
+	std::mutex mu_;                  // alloc/free/reconcile (control path)
+	std::vector<uint8_t> granted_;   // by slab id: 1 if this session holds it, as we know it
+	std::vector<uint32_t> list_ids_; // reconcile's LIST reply
 	std::shared_ptr<std::atomic<bool>> lost_ = std::make_shared<std::atomic<bool>>(false);
 };
 

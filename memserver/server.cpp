@@ -426,6 +426,18 @@ void Memserver::serve(Conn &c)
 			}
 			break;
 		}
+		case proto::Op::List: {
+			if (!session) {
+				ok = send_reply(fd, h, EACCES, {});
+				break;
+			}
+			// Control path: the reply is built in a per-connection buffer.
+			const std::vector<uint32_t> ids = pool_.owned_by(session);
+			std::vector<std::byte> out(4 + 4 * ids.size());
+			proto::encode_list(ids, out);
+			ok = send_reply(fd, h, 0, out);
+			break;
+		}
 		case proto::Op::Stats: {
 			const proto::StatsReply r = stats();
 			std::array<std::byte, proto::kStatsReplySize> out;

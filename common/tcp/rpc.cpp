@@ -10,6 +10,14 @@ namespace rdmaswap {
 int rpc(int fd, uint64_t request_id, proto::Op op, std::span<const std::byte> body,
 	std::span<std::byte> reply)
 {
+	size_t len = 0;
+	const int r = rpc_var(fd, request_id, op, body, reply, len);
+	return (r == 0 && len != reply.size()) ? EPROTO : r;
+}
+
+int rpc_var(int fd, uint64_t request_id, proto::Op op, std::span<const std::byte> body,
+	    std::span<std::byte> reply, size_t &reply_len)
+{
 	std::array<std::byte, proto::kHeaderSize> hdr;
 	proto::Header h;
 	h.op = op;
@@ -28,10 +36,11 @@ int rpc(int fd, uint64_t request_id, proto::Op op, std::span<const std::byte> bo
 		return EPROTO;
 	if (rh.status)
 		return int(rh.status);
-	if (rh.body_len != reply.size())
+	if (rh.body_len > reply.size())
 		return EPROTO;
-	if (int r = recv_all(fd, reply.data(), reply.size()))
+	if (int r = recv_all(fd, reply.data(), rh.body_len))
 		return r;
+	reply_len = rh.body_len;
 	return 0;
 }
 
@@ -83,15 +92,19 @@ int ControlClient::ensure_connected()
 	return err;
 }
 
-int ControlClient::call(proto::Op op, std::span<const std::byte> body, std::span<std::byte> reply)
+int ControlClient::call(proto::Op op, std::span<const std::byte> body, std::span<std::byte> reply,
+			size_t *reply_len)
 {
 	if (int r = ensure_connected())
 		return r;
-	const int r = rpc(fd_.get(), next_id_++, op, body, reply);
+	const int r = reply_len ? rpc_var(fd_.get(), next_id_++, op, body, reply, *reply_len)
+				: rpc(fd_.get(), next_id_++, op, body, reply);
 	// A server-side refusal leaves the stream in step; anything else may not.
 	if (r == EPROTO || r == EAGAIN || r == ECONNRESET || r == EPIPE || r == ETIMEDOUT ||
-	    r == ENOTCONN)
+	    r == ENOTCONN) {
 		fd_.reset();
+		unknown_ = true;
+	}
 	return r;
 }
 
@@ -137,6 +150,22 @@ int ControlClient::free_slab(uint32_t id)
 	std::array<std::byte, proto::kFreeRequestSize> body;
 	proto::encode(proto::FreeRequest{id, 0}, body);
 	return call(proto::Op::Free, body, {});
+}
+
+long ControlClient::list(std::span<uint32_t> ids)
+{
+	std::lock_guard lock(mu_);
+	if (list_buf_.empty())
+		list_buf_.resize(proto::kMaxIo);
+	size_t len = 0;
+	if (int r = call(proto::Op::List, {}, list_buf_, &len))
+		return -r;
+	const long n = proto::decode_list(std::span(list_buf_).first(len), ids);
+	if (n < 0) {
+		fd_.reset();
+		return -EPROTO;
+	}
+	return n;
 }
 
 int ControlClient::stats(proto::StatsReply &out)

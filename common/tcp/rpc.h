@@ -7,6 +7,7 @@
 #include <mutex>
 #include <span>
 #include <string>
+#include <vector>
 
 #include "common/protocol.h"
 #include "common/tcp/socket.h"
@@ -18,6 +19,9 @@ namespace rdmaswap {
 // mismatched response, or a socket errno (EAGAIN: timed out). No allocation.
 int rpc(int fd, uint64_t request_id, proto::Op op, std::span<const std::byte> body,
 	std::span<std::byte> reply);
+// Same, for a reply of variable length up to reply.size(); its length goes to `reply_len`.
+int rpc_var(int fd, uint64_t request_id, proto::Op op, std::span<const std::byte> body,
+	    std::span<std::byte> reply, size_t &reply_len);
 
 // The control connection of one client to one memserver. Thread-safe; calls are serialised.
 // Any transport failure closes the socket; the next call reconnects (and, when a session was
@@ -31,8 +35,15 @@ public:
 	int open_session(bool want_rdma, proto::HelloReply &reply);
 	int alloc(proto::AllocReply &reply);
 	int free_slab(uint32_t id);
+	// The slabs this session holds, into `ids`; returns the count or -errno.
+	long list(std::span<uint32_t> ids);
 	// STATS needs no session: usable right after construction.
 	int stats(proto::StatsReply &reply);
+
+	// True after a call failed in a way that leaves its outcome unknown (the request may
+	// have been executed by the server: timeout, connection lost). Cleared by the caller.
+	bool outcome_unknown() const { return unknown_; }
+	void clear_outcome_unknown() { unknown_ = false; }
 
 	uint64_t session_id() const { return session_id_; }
 	uint64_t token() const { return token_; }
@@ -40,7 +51,8 @@ public:
 	const SockAddr &addr() const { return addr_; }
 
 private:
-	int call(proto::Op op, std::span<const std::byte> body, std::span<std::byte> reply);
+	int call(proto::Op op, std::span<const std::byte> body, std::span<std::byte> reply,
+		 size_t *reply_len = nullptr);
 	int ensure_connected();
 
 	const SockAddr addr_;
@@ -52,6 +64,8 @@ private:
 	uint64_t token_ = 0;
 	bool want_rdma_ = false;
 	bool lost_ = false;
+	bool unknown_ = false;
+	std::vector<std::byte> list_buf_; // LIST replies (sized once, at the first list())
 };
 
 // Connect a new socket and join an existing session with HELLO. Returns the socket, or an

@@ -234,7 +234,7 @@ TEST_CASE("protocol: malformed headers are rejected", "[protocol]")
 	}
 	SECTION("unknown op")
 	{
-		for (uint8_t op : {0, 7, 8, 128, 255}) {
+		for (uint8_t op : {0, 8, 9, 128, 255}) {
 			INFO("op " << int(op));
 			HeaderBytes b = valid_request_bytes();
 			b[5] = std::byte{op};
@@ -705,4 +705,36 @@ TEST_CASE("protocol: body decoders reject out-of-range fields", "[protocol]")
 		StatsReply d;
 		CHECK_FALSE(decode(std::span<const std::byte>(b), d).ok);
 	}
+}
+
+TEST_CASE("protocol: LIST reply round-trips and rejects malformed bodies", "[protocol]")
+{
+	const uint32_t ids[] = {3, 0, 0xfffffffe, 17};
+	std::vector<std::byte> buf(4 + 4 * 4);
+	rdmaswap::proto::encode_list(ids, buf);
+	uint32_t out[8] = {};
+	REQUIRE(rdmaswap::proto::decode_list(buf, out) == 4);
+	CHECK(std::equal(std::begin(ids), std::end(ids), out));
+	// Capacity too small, count not matching the size, not a multiple of 4, empty.
+	CHECK(rdmaswap::proto::decode_list(buf, std::span(out, 3)) == -1);
+	CHECK(rdmaswap::proto::decode_list(std::span(buf).first(buf.size() - 4), out) == -1);
+	CHECK(rdmaswap::proto::decode_list(std::span(buf).first(buf.size() - 1), out) == -1);
+	CHECK(rdmaswap::proto::decode_list({}, out) == -1);
+	std::vector<std::byte> empty(4);
+	rdmaswap::proto::encode_list({}, empty);
+	CHECK(rdmaswap::proto::decode_list(empty, out) == 0);
+	// A header announcing a LIST reply longer than kMaxIo or not a multiple of 4 is refused.
+	rdmaswap::proto::Header h;
+	h.op = rdmaswap::proto::Op::List;
+	h.flags = rdmaswap::proto::kFlagResponse;
+	std::array<std::byte, rdmaswap::proto::kHeaderSize> raw;
+	rdmaswap::proto::Header back;
+	for (uint32_t len : {0u, 6u, rdmaswap::proto::kMaxIo + 4}) {
+		h.body_len = len;
+		rdmaswap::proto::encode_header(h, raw);
+		CHECK_FALSE(rdmaswap::proto::decode_header(raw, back).ok);
+	}
+	h.body_len = 8;
+	rdmaswap::proto::encode_header(h, raw);
+	CHECK(rdmaswap::proto::decode_header(raw, back).ok);
 }
