@@ -249,6 +249,8 @@ void encode(const AllocReply &m, std::span<std::byte> out)
 	o.put(m.rkey);
 	o.put(m.addr);
 	o.put(m.length);
+	o.put(m.slabs_free);
+	o.put(m.reserved);
 }
 
 Status decode(std::span<const std::byte> in, AllocReply &m)
@@ -261,8 +263,12 @@ Status decode(std::span<const std::byte> in, AllocReply &m)
 	r.rkey = i.get<uint32_t>();
 	r.addr = i.get<uint64_t>();
 	r.length = i.get<uint64_t>();
+	r.slabs_free = i.get<uint32_t>();
+	r.reserved = i.get<uint32_t>();
 	if (r.length == 0)
 		return Status::fail("ALLOC reply with an empty slab");
+	if (r.reserved != 0)
+		return Status::fail("ALLOC reply reserved field not zero");
 	if (r.addr + r.length < r.addr)
 		return Status::fail("ALLOC reply address range wraps");
 	m = r;

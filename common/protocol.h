@@ -57,11 +57,13 @@ struct HelloReply {                   // 40 bytes
 };
 inline constexpr uint32_t kServerRdma = 1;
 
-struct AllocReply {                   // 24 bytes
+struct AllocReply {                   // 32 bytes
 	uint32_t slab_id = 0;
 	uint32_t rkey = 0;            // RDMA: rkey of the slab's MR in this session's PD; TCP: 0
 	uint64_t addr = 0;            // RDMA: remote virtual address of the slab; TCP: 0
 	uint64_t length = 0;
+	uint32_t slabs_free = 0;      // free slabs left on the server after this grant
+	uint32_t reserved = 0;
 };
 struct FreeRequest {                  // 8 bytes
 	uint32_t slab_id = 0;
@@ -90,7 +92,7 @@ struct StatsReply {                   // 80 bytes
 
 inline constexpr size_t kHelloRequestSize = 24;
 inline constexpr size_t kHelloReplySize = 40;
-inline constexpr size_t kAllocReplySize = 24;
+inline constexpr size_t kAllocReplySize = 32;
 inline constexpr size_t kFreeRequestSize = 8;
 inline constexpr size_t kIoRequestSize = 16;
 inline constexpr size_t kStatsReplySize = 80;

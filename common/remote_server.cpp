@@ -34,6 +34,7 @@ RemoteServer::RemoteServer(const RemoteServerOptions &opts)
 	info_.slabs_free = hello.slabs_free;
 	info_.max_io = hello.max_io;
 	info_.rdma = hello.server_flags & proto::kServerRdma;
+	free_.store(hello.slabs_free);
 	granted_.assign(hello.slabs_total, 0);
 	list_ids_.resize(std::min<uint32_t>(hello.slabs_total, proto::kMaxListIds));
 	logger("client")->debug("memserver {}: session {} slab size {} slabs {} free {}", name_,
@@ -76,6 +77,7 @@ int RemoteServer::alloc_slab(SlabGrant &out)
 		return EPROTO;
 	}
 	granted_[r.slab_id] = 1;
+	free_.store(r.slabs_free);
 	out = SlabGrant{r.slab_id, r.length, r.addr, r.rkey};
 	return 0;
 }
@@ -91,7 +93,18 @@ int RemoteServer::free_slab(uint32_t id)
 	const int err = control_->free_slab(id);
 	if (control_->session_lost())
 		lost_->store(true);
+	if (!err)
+		free_.fetch_add(1);
 	return err;
+}
+
+void RemoteServer::forget_slab(uint32_t id)
+{
+	// try_lock: never wait behind a control call stuck on a hung server.
+	std::unique_lock lock(mu_, std::try_to_lock);
+	if (id < granted_.size())
+		granted_[id] = 0; // byte store; a racing reconcile at worst frees it one pass later
+	control_->set_outcome_unknown();
 }
 
 int RemoteServer::stats(proto::StatsReply &out)

@@ -37,9 +37,11 @@ public:
 	const std::string &name() const override { return name_; }
 	int alloc_slab(SlabGrant &out) override;
 	int free_slab(uint32_t id) override;
+	void forget_slab(uint32_t id) override;
 	int stats(proto::StatsReply &out) override;
 	std::unique_ptr<DataPath> open_data_path(std::span<std::byte> region) override;
 	bool session_alive() const override;
+	uint32_t slabs_free() const override { return free_.load(); }
 
 private:
 	// After a control call with an unknown outcome (e.g. an ALLOC that timed out but that the
@@ -52,6 +54,7 @@ private:
 	SockAddr addr_;
 	std::unique_ptr<ControlClient> control_;
 	ServerInfo info_;
+	std::atomic<uint32_t> free_{0};  // server's free slabs as last reported
 	std::mutex mu_;                  // alloc/free/reconcile (control path)
 	std::vector<uint8_t> granted_;   // by slab id: 1 if this session holds it, as we know it
 	std::vector<uint32_t> list_ids_; // reconcile's LIST reply

@@ -72,11 +72,17 @@ public:
 	Server &operator=(const Server &) = delete;
 
 	virtual const ServerInfo &info() const = 0;
+	// Free slabs on the server as last reported (placement uses it); racy by nature.
+	virtual uint32_t slabs_free() const { return info().slabs_free; }
 	virtual const std::string &name() const = 0;
 	// Grant a fresh, zeroed slab to this session. 0, ENOSPC when the server has none, EIO.
 	virtual int alloc_slab(SlabGrant &out) = 0;
 	// Give a slab back (the server zeroes it before anyone else gets it). 0 or errno.
 	virtual int free_slab(uint32_t id) = 0;
+	// Give a slab back without waiting on the server (it may be hung): the grant is dropped
+	// here and the slab is returned at the next successful exchange with the server (or when
+	// the session ends). Never blocks.
+	virtual void forget_slab(uint32_t id) { (void)id; }
 	virtual int stats(proto::StatsReply &out) = 0;
 	// Make a data path whose posts may use local buffers inside `region`. Setup only (may
 	// allocate, may block up to the connect timeout). Throws std::runtime_error on failure.

@@ -1,5 +1,5 @@
 // SPDX-License-Identifier: MIT
-// Volume: slab map, lazy allocation, per-thread channels, chunked I/O.
+// Volume: slab map with replicas, per-thread channels, chunked I/O, failover and repair.
 #include "common/volume.h"
 
 #include <sys/mman.h>
@@ -8,25 +8,33 @@
 #include <cerrno>
 #include <cstring>
 #include <stdexcept>
-#include <thread>
 
 #include "common/log.h"
+#include "common/placement.h"
 
 namespace rdmaswap {
 
 namespace {
 // At most this many slabs are touched by one chunk, so one chunk never posts more than
-// kMaxBatch operations to one data path.
+// kMaxBatch operations to one data path (each piece posts at most once per server).
 constexpr unsigned kMaxPieces = 8;
 static_assert(kMaxPieces <= kMaxBatch);
 
 std::atomic<unsigned> g_next_thread{0};
 thread_local unsigned t_thread_index = g_next_thread.fetch_add(1);
+
+int64_t now_ns()
+{
+	return std::chrono::duration_cast<std::chrono::nanoseconds>(
+		       std::chrono::steady_clock::now().time_since_epoch())
+		.count();
+}
 } // namespace
 
 Volume::Volume(std::vector<std::unique_ptr<Server>> servers, const VolumeOptions &opts)
 	: servers_(std::move(servers)), size_(opts.size), buffer_size_(opts.buffer_size),
-	  timeout_(opts.timeout)
+	  timeout_(opts.timeout), repair_interval_(opts.repair_interval),
+	  down_cooldown_(opts.down_cooldown), rng_(std::random_device{}())
 {
 	if (servers_.empty())
 		throw std::runtime_error("a volume needs at least one memserver");
@@ -36,6 +44,14 @@ Volume::Volume(std::vector<std::unique_ptr<Server>> servers, const VolumeOptions
 		throw std::runtime_error("volume size must be greater than 0");
 	if (opts.channels == 0 || opts.channels > 1024)
 		throw std::runtime_error("channels must be between 1 and 1024");
+	if (opts.replicas == 0 || opts.replicas > kMaxReplicas)
+		throw std::runtime_error("replicas must be between 1 and " +
+					 std::to_string(kMaxReplicas));
+	if (opts.replicas > servers_.size())
+		throw std::runtime_error("replicas=" + std::to_string(opts.replicas) + " needs at least " +
+					 std::to_string(opts.replicas) + " reachable memservers, have " +
+					 std::to_string(servers_.size()));
+	replicas_ = opts.replicas;
 	slab_size_ = servers_[0]->info().slab_size;
 	if (slab_size_ < 4096 || (slab_size_ & (slab_size_ - 1)) != 0)
 		throw std::runtime_error("memserver " + servers_[0]->name() +
@@ -54,14 +70,16 @@ Volume::Volume(std::vector<std::unique_ptr<Server>> servers, const VolumeOptions
 	uint64_t capacity = 0;
 	for (auto &s : servers_)
 		capacity += uint64_t(s->info().slabs_total) * slab_size_;
-	if (capacity < size_)
-		logger("volume")->warn("volume of {} bytes is larger than the memservers' total "
-				       "capacity of {} bytes: writes will fail with ENOSPC when it "
-				       "is full",
-				       size_, capacity);
+	if (capacity < size_ * replicas_)
+		logger("volume")->warn("volume of {} bytes x {} replicas is larger than the "
+				       "memservers' total capacity of {} bytes: writes will fail "
+				       "with ENOSPC when it is full",
+				       size_, replicas_, capacity);
 	slabs_ = std::make_unique<Slab[]>(nslabs_);
+	sstate_ = std::make_unique<ServerState[]>(servers_.size());
 
-	region_len_ = buffer_size_ * opts.channels;
+	const unsigned nch = opts.channels + 1; // + the repair thread's
+	region_len_ = buffer_size_ * nch;
 	void *p = mmap(nullptr, region_len_, PROT_READ | PROT_WRITE,
 		       MAP_PRIVATE | MAP_ANONYMOUS | MAP_POPULATE, -1, 0);
 	if (p == MAP_FAILED)
@@ -73,7 +91,7 @@ Volume::Volume(std::vector<std::unique_ptr<Server>> servers, const VolumeOptions
 				       std::strerror(errno));
 	std::span<std::byte> region(region_, region_len_);
 	try {
-		for (unsigned i = 0; i < opts.channels; i++) {
+		for (unsigned i = 0; i < nch; i++) {
 			auto ch = std::make_unique<Channel>();
 			ch->buf = region_ + size_t(i) * buffer_size_;
 			for (auto &s : servers_)
@@ -85,28 +103,87 @@ Volume::Volume(std::vector<std::unique_ptr<Server>> servers, const VolumeOptions
 		munmap(region_, region_len_);
 		throw;
 	}
+	if (replicas_ > 1)
+		repair_thread_ = std::thread([this] { repair_loop(); });
 }
 
 Volume::~Volume()
 {
+	{
+		std::lock_guard lock(repair_mu_);
+		stop_ = true;
+	}
+	repair_cv_.notify_all();
+	if (repair_thread_.joinable())
+		repair_thread_.join();
 	channels_.clear(); // data paths reference the region: drop them first
 	if (region_)
 		munmap(region_, region_len_);
+}
+
+bool Volume::valid(const Replica &r) const
+{
+	return r.gen == sstate_[r.server].gen.load() && servers_[r.server]->session_alive();
+}
+
+unsigned Volume::valid_count(const Slab &s) const
+{
+	unsigned n = 0;
+	for (unsigned i = 0; i < s.nrep; i++)
+		n += valid(s.rep[i]);
+	return n;
 }
 
 VolumeStats Volume::stats() const
 {
 	VolumeStats st;
 	st.slabs = nslabs_;
-	for (uint64_t i = 0; i < nslabs_; i++)
-		if (slabs_[i].state.load(std::memory_order_relaxed) == Live)
-			st.slabs_live++;
+	for (uint64_t i = 0; i < nslabs_; i++) {
+		std::shared_lock lock(slabs_[i].mu);
+		if (slabs_[i].nrep == 0)
+			continue;
+		st.slabs_live++;
+		const unsigned v = valid_count(slabs_[i]);
+		st.lost += v == 0;
+		st.degraded += v > 0 && v < replicas_;
+	}
+	st.repaired = repaired_.load();
+	st.repair_bytes = repair_bytes_.load();
+	st.server_failures = server_failures_.load();
 	return st;
+}
+
+void Volume::kick_repair()
+{
+	{
+		std::lock_guard lock(repair_mu_);
+		repair_kick_ = true;
+	}
+	repair_cv_.notify_all();
+}
+
+void Volume::mark_down(uint16_t server)
+{
+	sstate_[server].down_until.store(
+		now_ns() +
+		std::chrono::duration_cast<std::chrono::nanoseconds>(down_cooldown_).count());
+}
+
+void Volume::invalidate(uint16_t server)
+{
+	// Every replica on this server may now miss a write: none of them is read again.
+	sstate_[server].gen.fetch_add(1);
+	mark_down(server);
+	server_failures_.fetch_add(1);
+	logger("volume")->warn("memserver {} failed: its replicas are invalid; reads and writes "
+			       "go on with the other replicas",
+			       servers_[server]->name());
+	kick_repair();
 }
 
 Volume::Channel &Volume::channel()
 {
-	return *channels_[t_thread_index % channels_.size()];
+	return *channels_[t_thread_index % (channels_.size() - 1)];
 }
 
 int Volume::check_range(uint64_t count, uint64_t offset) const
@@ -125,129 +202,253 @@ unsigned Volume::split(uint64_t offset, uint32_t len, Piece *out) const
 		const uint64_t slab = at / slab_size_;
 		const uint64_t off = at % slab_size_;
 		const uint32_t piece = uint32_t(std::min<uint64_t>(len - pos, slab_size_ - off));
-		out[n++] = Piece{slab, off, piece, pos, false};
+		out[n++] = Piece{slab, off, piece, pos};
 		pos += piece;
 	}
 	return n;
 }
 
-int Volume::wait_state(Slab &s, uint8_t from)
+unsigned Volume::place(unsigned want, std::span<const uint16_t> exclude, uint16_t *out)
 {
-	// Another thread is allocating or giving back this slab; that takes one control call,
-	// itself bounded by the timeout.
-	const auto deadline = std::chrono::steady_clock::now() + 2 * timeout_;
-	while (s.state.load() == from) {
-		if (std::chrono::steady_clock::now() > deadline)
-			return EIO;
-		std::this_thread::sleep_for(std::chrono::microseconds(50));
-	}
-	return 0;
-}
-
-Volume::Access Volume::acquire_read(uint64_t slab)
-{
-	Slab &s = slabs_[slab];
-	for (;;) {
-		s.inflight.fetch_add(1);
-		const uint8_t st = s.state.load();
-		if (st == Live) {
-			if (!servers_[s.server]->session_alive()) {
-				s.inflight.fetch_sub(1);
-				return Access::Error;
-			}
-			return Access::Live;
+	DonorLoad loads[kMaxServers];
+	std::lock_guard lock(place_mu_); // the rng; held for no network call
+	const int64_t now = now_ns();
+	auto fill = [&](bool allow_down) {
+		for (size_t i = 0; i < servers_.size(); i++) {
+			const ServerInfo &info = servers_[i]->info();
+			const uint32_t free = servers_[i]->slabs_free();
+			loads[i] = DonorLoad{info.slabs_total - std::min(free, info.slabs_total),
+					     info.slabs_total,
+					     servers_[i]->session_alive() &&
+						     (allow_down || now >= sstate_[i].down_until.load())};
 		}
-		s.inflight.fetch_sub(1);
-		// Empty reads as zeros; so does a slab being given back (the trim that frees it is
-		// concurrent with this read, and either order is a valid answer). A slab being
-		// allocated holds zeros until the allocating write completes.
-		if (st == Empty || st == Freeing || st == Allocating)
-			return Access::Zeros;
+	};
+	fill(false);
+	unsigned n = place_slab(std::span(loads, servers_.size()), want, exclude, rng_, out);
+	if (n == 0) { // every donor with room recently failed: try them rather than give up
+		fill(true);
+		n = place_slab(std::span(loads, servers_.size()), want, exclude, rng_, out);
 	}
+	return n;
 }
 
 int Volume::allocate(Slab &s)
 {
-	const unsigned n = unsigned(servers_.size());
-	const unsigned start = next_server_.fetch_add(1) % n;
+	// Donors that were tried (or hold a replica) are not chosen again; free counts are
+	// always a little stale, so a donor that turns out full sends us to the next one.
+	uint16_t tried[kMaxServers];
+	unsigned ntried = 0;
 	int err = ENOSPC;
-	for (unsigned k = 0; k < n; k++) {
-		const unsigned i = (start + k) % n;
-		SlabGrant g;
-		err = servers_[i]->alloc_slab(g);
-		if (err == 0) {
-			s.grant = g;
-			s.server = uint16_t(i);
-			return 0;
+	while (s.nrep < replicas_ && ntried < servers_.size()) {
+		uint16_t chosen[kMaxReplicas];
+		const unsigned n = place(replicas_ - s.nrep, std::span(tried, ntried), chosen);
+		if (n == 0)
+			break;
+		for (unsigned k = 0; k < n; k++) {
+			const uint16_t i = chosen[k];
+			tried[ntried++] = i;
+			SlabGrant g;
+			const uint32_t gen = sstate_[i].gen.load();
+			const int r = servers_[i]->alloc_slab(g);
+			if (r == 0) {
+				s.rep[s.nrep++] = Replica{i, gen, g};
+				sstate_[i].used.fetch_add(1);
+			} else if (r != ENOSPC) {
+				err = EIO;
+				mark_down(i);
+			}
 		}
 	}
-	return err;
+	if (s.nrep == 0)
+		return err;
+	if (s.nrep < replicas_)
+		kick_repair(); // degraded from birth: the repair thread adds the missing copies
+	return 0;
 }
 
-int Volume::acquire_write(uint64_t slab)
+int Volume::lock_for_write(uint64_t slab)
 {
 	Slab &s = slabs_[slab];
 	for (;;) {
-		s.inflight.fetch_add(1);
-		uint8_t st = s.state.load();
-		if (st == Live) {
-			if (!servers_[s.server]->session_alive()) {
-				s.inflight.fetch_sub(1);
-				return EIO;
-			}
+		s.mu.lock_shared();
+		if (s.nrep > 0)
 			return 0;
-		}
-		s.inflight.fetch_sub(1);
-		if (st == Empty) {
-			if (!s.state.compare_exchange_strong(st, Allocating))
-				continue;
-			const int err = allocate(s);
-			s.state.store(err ? Empty : Live);
-			if (err) {
+		s.mu.unlock_shared();
+		std::unique_lock ex(s.mu);
+		if (s.nrep == 0) {
+			if (int err = allocate(s)) {
 				logger("volume")->error("cannot allocate slab {}: {}", slab,
 							std::strerror(err));
 				return err == ENOSPC ? ENOSPC : EIO;
 			}
-			continue;
 		}
-		if (int err = wait_state(s, st))
-			return err;
+		// Take it shared again (a trim may free it in between: then allocate again).
 	}
 }
 
 int Volume::give_back(uint64_t slab)
 {
 	Slab &s = slabs_[slab];
-	for (;;) {
-		uint8_t st = s.state.load();
-		if (st == Empty)
-			return 0;
-		if (st == Live) {
-			if (!s.state.compare_exchange_strong(st, Freeing))
-				continue;
-			// Wait for I/O that acquired the slab before we marked it.
-			const auto deadline = std::chrono::steady_clock::now() + 2 * timeout_;
-			while (s.inflight.load() != 0) {
-				if (std::chrono::steady_clock::now() > deadline) {
-					s.state.store(Live);
-					return EIO;
-				}
-				std::this_thread::yield();
-			}
-			const int err = servers_[s.server]->free_slab(s.grant.id);
-			if (err)
-				logger("volume")->warn("memserver {} did not take back slab {}: {}",
-						       servers_[s.server]->name(), s.grant.id,
-						       std::strerror(err));
-			// The content is discarded either way; a slab the server kept is reclaimed
-			// when our session ends.
-			s.grant = SlabGrant{};
-			s.state.store(Empty);
-			return 0;
-		}
-		if (int err = wait_state(s, st))
-			return err;
+	// Waits for I/O in flight on this slab (each bounded by the timeout).
+	std::unique_lock ex(s.mu);
+	for (unsigned i = 0; i < s.nrep; i++)
+		release_replica(s.rep[i]);
+	// The content is discarded either way; a slab a server kept is reclaimed when our
+	// session ends (or by reconciliation after an unknown outcome).
+	s.nrep = 0;
+	return 0;
+}
+
+void Volume::release_replica(const Replica &r)
+{
+	sstate_[r.server].used.fetch_sub(1);
+	Server &srv = *servers_[r.server];
+	if (!srv.session_alive())
+		return; // gone with its session
+	if (!valid(r) || now_ns() < sstate_[r.server].down_until.load()) {
+		srv.forget_slab(r.grant.id);
+		return;
 	}
+	if (int err = srv.free_slab(r.grant.id))
+		logger("volume")->warn("memserver {} did not take back slab {}: {}", srv.name(),
+				       r.grant.id, std::strerror(err));
+}
+
+int Volume::read_chunk(Channel &ch, uint64_t at, uint32_t len)
+{
+	Piece pieces[kMaxPieces];
+	const unsigned n = split(at, len, pieces);
+	for (unsigned i = 0; i < n; i++)
+		slabs_[pieces[i].slab].mu.lock_shared();
+	uint8_t tried[kMaxPieces] = {};   // replica indices tried, per piece
+	int8_t posted[kMaxPieces];        // replica posted this round, -1 if none
+	bool done[kMaxPieces] = {};
+	int err = 0;
+	for (unsigned round = 0; round <= kMaxReplicas && !err; round++) {
+		uint64_t used = 0, post_failed = 0;
+		for (unsigned i = 0; i < n && !err; i++) {
+			posted[i] = -1;
+			if (done[i])
+				continue;
+			const Piece &p = pieces[i];
+			const Slab &s = slabs_[p.slab];
+			if (s.nrep == 0) { // never written: zeros, no round trip
+				std::memset(ch.buf + p.pos, 0, p.len);
+				done[i] = true;
+				continue;
+			}
+			int r = -1;
+			for (unsigned k = 0; k < s.nrep && r < 0; k++)
+				if (!(tried[i] & (1u << k)) && valid(s.rep[k]))
+					r = int(k);
+			if (r < 0) {
+				err = EIO; // no valid replica left to read from
+				break;
+			}
+			tried[i] |= uint8_t(1u << r);
+			posted[i] = int8_t(r);
+			const Replica &rep = s.rep[r];
+			used |= uint64_t(1) << rep.server;
+			if (ch.paths[rep.server]->post_read(rep.grant, p.off, p.len, ch.buf + p.pos))
+				post_failed |= uint64_t(1) << rep.server;
+		}
+		if (!used)
+			break;
+		uint64_t failed = post_failed;
+		for (size_t k = 0; k < servers_.size(); k++)
+			if (used & (uint64_t(1) << k))
+				if (ch.paths[k]->complete() != 0)
+					failed |= uint64_t(1) << k;
+		for (unsigned i = 0; i < n; i++) {
+			if (posted[i] < 0)
+				continue;
+			const Slab &s = slabs_[pieces[i].slab];
+			const uint16_t srv = s.rep[posted[i]].server;
+			if (!(failed & (uint64_t(1) << srv))) {
+				done[i] = true;
+				continue;
+			}
+			// Another valid replica can serve it: stop using this donor.
+			for (unsigned k = 0; k < s.nrep; k++)
+				if (s.rep[k].server != srv && valid(s.rep[k])) {
+					if (sstate_[srv].gen.load() == s.rep[posted[i]].gen)
+						invalidate(srv);
+					break;
+				}
+		}
+	}
+	for (unsigned i = 0; i < n; i++)
+		if (!done[i])
+			err = EIO;
+	for (unsigned i = 0; i < n; i++)
+		slabs_[pieces[i].slab].mu.unlock_shared();
+	if (err)
+		logger("volume")->debug("read of {} bytes at {} failed", len, at);
+	return err;
+}
+
+int Volume::write_chunk(Channel &ch, uint64_t at, uint32_t len)
+{
+	Piece pieces[kMaxPieces];
+	const unsigned n = split(at, len, pieces);
+	unsigned locked = 0;
+	int err = 0;
+	for (; locked < n; locked++)
+		if ((err = lock_for_write(pieces[locked].slab)))
+			break;
+	uint8_t posted[kMaxPieces] = {}; // replica indices written, per piece
+	uint64_t used = 0, post_failed = 0;
+	for (unsigned i = 0; i < locked && !err; i++) {
+		const Piece &p = pieces[i];
+		const Slab &s = slabs_[p.slab];
+		for (unsigned k = 0; k < s.nrep; k++) {
+			const Replica &rep = s.rep[k];
+			if (!valid(rep))
+				continue;
+			posted[i] |= uint8_t(1u << k);
+			used |= uint64_t(1) << rep.server;
+			if (ch.paths[rep.server]->post_write(rep.grant, p.off, p.len, ch.buf + p.pos))
+				post_failed |= uint64_t(1) << rep.server;
+		}
+	}
+	uint64_t failed = post_failed;
+	for (size_t k = 0; k < servers_.size(); k++)
+		if (used & (uint64_t(1) << k))
+			if (ch.paths[k]->complete() != 0)
+				failed |= uint64_t(1) << k;
+	// A replica that failed a write another replica took now differs from it: invalidate
+	// its donor. (If every replica failed, the range is simply unspecified, as after any
+	// failed write, and the request fails.)
+	for (unsigned i = 0; i < locked && failed; i++) {
+		const Slab &s = slabs_[pieces[i].slab];
+		bool took = false;
+		for (unsigned k = 0; k < s.nrep; k++)
+			took = took || ((posted[i] & (1u << k)) &&
+					!(failed & (uint64_t(1) << s.rep[k].server)));
+		if (!took)
+			continue;
+		for (unsigned k = 0; k < s.nrep; k++)
+			if ((posted[i] & (1u << k)) && (failed & (uint64_t(1) << s.rep[k].server)) &&
+			    sstate_[s.rep[k].server].gen.load() == s.rep[k].gen)
+				invalidate(s.rep[k].server);
+	}
+	// Done only if some replica that took the write is still valid afterwards (a replica
+	// invalidated meanwhile may have missed an earlier write).
+	for (unsigned i = 0; i < locked && !err; i++) {
+		const Slab &s = slabs_[pieces[i].slab];
+		bool held = false;
+		for (unsigned k = 0; k < s.nrep && !held; k++)
+			held = (posted[i] & (1u << k)) &&
+			       !(failed & (uint64_t(1) << s.rep[k].server)) && valid(s.rep[k]);
+		if (!held)
+			err = EIO;
+	}
+	for (unsigned i = 0; i < locked; i++)
+		slabs_[pieces[i].slab].mu.unlock_shared();
+	if (err)
+		logger("volume")->debug("write of {} bytes at {} failed: {}", len, at,
+					std::strerror(err));
+	return err;
 }
 
 int Volume::pread(void *buf, uint32_t count, uint64_t offset)
@@ -263,90 +464,10 @@ int Volume::pread(void *buf, uint32_t count, uint64_t offset)
 		const uint64_t limit = (at / slab_size_ + kMaxPieces) * slab_size_ - at;
 		const uint32_t len =
 			uint32_t(std::min<uint64_t>({count - done, buffer_size_, limit}));
-		Piece pieces[kMaxPieces];
-		const unsigned n = split(at, len, pieces);
-		uint64_t used = 0; // bit i: posted to server i
-		int err = 0;
-		unsigned acquired = 0;
-		for (; acquired < n; acquired++) {
-			Piece &p = pieces[acquired];
-			const Access a = acquire_read(p.slab);
-			if (a == Access::Error) {
-				err = EIO;
-				break;
-			}
-			if (a == Access::Zeros) {
-				std::memset(ch.buf + p.pos, 0, p.len);
-				continue;
-			}
-			p.live = true;
-			const Slab &s = slabs_[p.slab];
-			int r = ch.paths[s.server]->post_read(s.grant, p.off, p.len, ch.buf + p.pos);
-			used |= uint64_t(1) << s.server;
-			if (r) {
-				err = r;
-				acquired++;
-				break;
-			}
-		}
-		if (int r = finish(ch, used, pieces, acquired); r && !err)
-			err = r;
-		if (err) {
-			logger("volume")->debug("read of {} bytes at {} failed: {}", len, at,
-						std::strerror(err));
-			return EIO; // whatever the transport said: the client gets EIO, never data
-		}
+		if (int r = read_chunk(ch, at, len))
+			return r;
 		std::memcpy(dst + done, ch.buf, len);
 		done += len;
-	}
-	return 0;
-}
-
-int Volume::finish(Channel &ch, uint64_t used, const Piece *pieces, unsigned n)
-{
-	int err = 0;
-	for (size_t i = 0; i < servers_.size(); i++)
-		if (used & (uint64_t(1) << i))
-			if (int r = ch.paths[i]->complete(); r && !err)
-				err = r;
-	for (unsigned i = 0; i < n; i++)
-		if (pieces[i].live)
-			release(pieces[i].slab);
-	return err;
-}
-
-int Volume::write_chunk(Channel &ch, const std::byte *src, uint64_t at, uint32_t len)
-{
-	Piece pieces[kMaxPieces];
-	const unsigned n = split(at, len, pieces);
-	if (src)
-		std::memcpy(ch.buf, src, len);
-	else
-		std::memset(ch.buf, 0, len);
-	uint64_t used = 0; // bit i: posted to server i
-	int err = 0;
-	unsigned acquired = 0;
-	for (; acquired < n; acquired++) {
-		Piece &p = pieces[acquired];
-		if (int r = acquire_write(p.slab)) {
-			err = r;
-			break;
-		}
-		p.live = true;
-		const Slab &s = slabs_[p.slab];
-		used |= uint64_t(1) << s.server;
-		if (int r = ch.paths[s.server]->post_write(s.grant, p.off, p.len, ch.buf + p.pos)) {
-			err = r;
-			acquired++;
-			break;
-		}
-	}
-	if (int r = finish(ch, used, pieces, acquired); r && !err)
-		err = r;
-	if (err) {
-		logger("volume")->debug("write of {} bytes at {} failed: {}", len, at,
-					std::strerror(err));
-		return err == ENOSPC ? ENOSPC : EIO; // no room on any memserver, else EIO
 	}
 	return 0;
 }
@@ -364,7 +485,8 @@ int Volume::pwrite(const void *buf, uint32_t count, uint64_t offset)
 		const uint64_t limit = (at / slab_size_ + kMaxPieces) * slab_size_ - at;
 		const uint32_t len =
 			uint32_t(std::min<uint64_t>({count - done, buffer_size_, limit}));
-		if (int r = write_chunk(ch, src + done, at, len))
+		std::memcpy(ch.buf, src + done, len);
+		if (int r = write_chunk(ch, at, len))
 			return r;
 		done += len;
 	}
@@ -377,8 +499,8 @@ int Volume::trim(uint32_t count, uint64_t offset)
 		return r;
 	const uint64_t end = offset + count;
 	// Whole slabs only; the volume's last slab counts as whole when the range reaches the end.
-	uint64_t first = (offset + slab_size_ - 1) / slab_size_;
-	uint64_t last = (end == size_) ? nslabs_ : end / slab_size_;
+	const uint64_t first = (offset + slab_size_ - 1) / slab_size_;
+	const uint64_t last = (end == size_) ? nslabs_ : end / slab_size_;
 	int err = 0;
 	for (uint64_t i = first; i < last; i++)
 		if (int r = give_back(i); r && !err)
@@ -406,9 +528,13 @@ int Volume::zero(uint32_t count, uint64_t offset, bool fast_only)
 		if (last * slab_size_ < end)
 			partial[np++] = {last * slab_size_, end - last * slab_size_};
 	}
+	auto has_data = [&](uint64_t slab) {
+		std::shared_lock lock(slabs_[slab].mu);
+		return slabs_[slab].nrep != 0;
+	};
 	auto needs_write = [&](const Range &r) {
 		for (uint64_t s = r.at / slab_size_; s <= (r.at + r.len - 1) / slab_size_; s++)
-			if (slabs_[s].state.load() != Empty)
+			if (has_data(s))
 				return true;
 		return false;
 	};
@@ -418,27 +544,135 @@ int Volume::zero(uint32_t count, uint64_t offset, bool fast_only)
 				return ENOTSUP;
 	int err = 0;
 	if (first < last)
-		if (int r = trim(uint32_t(std::min<uint64_t>(end, last * slab_size_) -
-					  first * slab_size_),
-				 first * slab_size_))
-			err = r;
+		err = trim(uint32_t(std::min<uint64_t>(end, last * slab_size_) - first * slab_size_),
+			   first * slab_size_);
 	Channel &ch = channel();
 	std::lock_guard lock(ch.mu);
 	for (unsigned i = 0; i < np && !err; i++) {
-		if (!needs_write(partial[i]))
-			continue;
 		// Zeros go only to slabs that hold data: an empty slab already reads as zeros.
 		uint64_t done = 0;
 		while (done < partial[i].len && !err) {
 			const uint64_t at = partial[i].at + done;
 			const uint32_t len = uint32_t(std::min<uint64_t>(
 				{partial[i].len - done, buffer_size_, slab_size_ - at % slab_size_}));
-			if (slabs_[at / slab_size_].state.load() != Empty)
-				err = write_chunk(ch, nullptr, at, len);
+			if (has_data(at / slab_size_)) {
+				std::memset(ch.buf, 0, len);
+				err = write_chunk(ch, at, len);
+			}
 			done += len;
 		}
 	}
 	return err;
+}
+
+bool Volume::repair(uint64_t slab, Channel &ch)
+{
+	auto log = logger("volume");
+	Slab &s = slabs_[slab];
+	Replica drop[kMaxReplicas]; // invalid replicas to give back after unlocking
+	unsigned ndrop = 0;
+	bool changed = false;
+	{
+		std::unique_lock ex(s.mu);
+		if (s.nrep == 0)
+			return false;
+		Replica good[kMaxReplicas];
+		unsigned ngood = 0;
+		for (unsigned i = 0; i < s.nrep; i++)
+			(valid(s.rep[i]) ? good[ngood++] : drop[ndrop++]) = s.rep[i];
+		if (ngood == 0)
+			return false; // lost: keep the invalid replicas so reads fail with EIO
+		// Place the missing copies away from the donors that hold a good one.
+		uint16_t exclude[kMaxReplicas];
+		for (unsigned i = 0; i < ngood; i++)
+			exclude[i] = good[i].server;
+		uint16_t chosen[kMaxReplicas];
+		const unsigned n =
+			ngood < replicas_ ? place(replicas_ - ngood, std::span(exclude, ngood), chosen) : 0;
+		for (unsigned k = 0; k < n; k++) {
+			const uint16_t dst = chosen[k];
+			const uint32_t gen = sstate_[dst].gen.load();
+			SlabGrant g;
+			if (servers_[dst]->alloc_slab(g) != 0)
+				continue;
+			sstate_[dst].used.fetch_add(1);
+			// Copy the whole slab from a good replica; no write can run meanwhile (we hold
+			// the slab exclusively).
+			const Replica &src = good[0];
+			bool ok = true;
+			for (uint64_t off = 0; off < slab_size_ && ok; off += buffer_size_) {
+				const uint32_t len = uint32_t(std::min<uint64_t>(buffer_size_, slab_size_ - off));
+				ch.paths[src.server]->post_read(src.grant, off, len, ch.buf);
+				if (ch.paths[src.server]->complete() != 0) {
+					mark_down(src.server);
+					ok = false;
+					break;
+				}
+				ch.paths[dst]->post_write(g, off, len, ch.buf);
+				if (ch.paths[dst]->complete() != 0) {
+					mark_down(dst);
+					ok = false;
+					break;
+				}
+				repair_bytes_.fetch_add(len);
+			}
+			if (!ok || !valid(src)) {
+				drop[ndrop++] = Replica{dst, gen, g};
+				break; // source or destination failed: try again on the next pass
+			}
+			good[ngood++] = Replica{dst, gen, g};
+			repaired_.fetch_add(1);
+			changed = true;
+		}
+		if (changed || ndrop) {
+			for (unsigned i = 0; i < ngood; i++)
+				s.rep[i] = good[i];
+			s.nrep = uint8_t(ngood);
+			changed = true;
+		}
+	}
+	for (unsigned i = 0; i < ndrop; i++)
+		release_replica(drop[i]);
+	return changed;
+}
+
+void Volume::repair_loop()
+{
+	auto log = logger("volume");
+	Channel &ch = *channels_.back();
+	uint64_t last_logged = 0;
+	for (;;) {
+		{
+			std::unique_lock lock(repair_mu_);
+			repair_cv_.wait_for(lock, repair_interval_,
+					    [this] { return stop_ || repair_kick_; });
+			if (stop_)
+				return;
+			repair_kick_ = false;
+		}
+		std::lock_guard chl(ch.mu);
+		for (uint64_t i = 0; i < nslabs_; i++) {
+			{
+				std::shared_lock lock(slabs_[i].mu);
+				if (slabs_[i].nrep == 0 ||
+				    (valid_count(slabs_[i]) >= replicas_ &&
+				     valid_count(slabs_[i]) == slabs_[i].nrep))
+					continue;
+			}
+			repair(i, ch);
+			std::lock_guard lock(repair_mu_);
+			if (stop_)
+				return;
+		}
+		const uint64_t done = repaired_.load();
+		if (done != last_logged) {
+			const VolumeStats st = stats();
+			log->info("repair: {} replicas re-created so far ({} bytes copied); {} slabs "
+				  "degraded, {} lost",
+				  done, st.repair_bytes, st.degraded, st.lost);
+			last_logged = done;
+		}
+	}
 }
 
 } // namespace rdmaswap

@@ -1,16 +1,30 @@
 // SPDX-License-Identifier: MIT
-// A volume: `size` bytes cut into slabs that live on memservers, with the block-device
-// operations the nbdkit plugin needs. All thread-safe; no allocation and no lock shared by all
-// threads on the I/O path (each worker uses its own channel; a slab's first write allocates it
-// through the owning server's control connection).
+// A volume: `size` bytes cut into slabs that live on memservers, each slab on up to
+// kMaxReplicas donors, with the block-device operations the nbdkit plugin needs.
+//
+// Contracts:
+// - Thread-safe. The I/O path allocates no memory and takes no lock shared by all threads:
+//   each worker uses its own channel (own connections and registered buffer) and takes only
+//   the per-slab locks of the slabs it touches.
+// - A range never written (or trimmed) reads as zeros without a network round trip.
+// - A write returns 0 only when every byte is held by at least one replica that is still
+//   valid; replicas that failed it are invalidated (never read again) and repaired later.
+// - A read that fails on one replica falls back to another. When no valid replica of a slab
+//   is left, its reads and writes fail with EIO: never zeros, never stale bytes.
+// - A background thread restores `replicas` copies of degraded slabs on other donors.
 #pragma once
 
 #include <atomic>
 #include <chrono>
+#include <condition_variable>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
 #include <mutex>
+#include <random>
+#include <shared_mutex>
+#include <span>
+#include <thread>
 #include <vector>
 
 #include "common/transport.h"
@@ -27,16 +41,28 @@ struct VolumeOptions {
 	size_t buffer_size = 256 * 1024;
 	// Bound on waiting for another thread's allocation or release of a slab.
 	std::chrono::milliseconds timeout{10000};
+	// Copies of each slab on distinct donors (1..kMaxReplicas, at most the server count).
+	unsigned replicas = 1;
+	// How often the repair thread looks for degraded slabs when nothing wakes it.
+	std::chrono::milliseconds repair_interval{500};
+	// A donor that failed is not given new slabs for this long.
+	std::chrono::milliseconds down_cooldown{10000};
 };
 
 struct VolumeStats {
-	uint64_t slabs = 0;        // slabs the volume is cut into
-	uint64_t slabs_live = 0;   // slabs currently granted by a memserver
+	uint64_t slabs = 0;          // slabs the volume is cut into
+	uint64_t slabs_live = 0;     // slabs holding data (at least one replica, valid or not)
+	uint64_t degraded = 0;       // live slabs with fewer valid replicas than wanted
+	uint64_t lost = 0;           // live slabs with no valid replica (reads fail with EIO)
+	uint64_t repaired = 0;       // replicas re-created by the repair thread
+	uint64_t repair_bytes = 0;   // bytes copied by the repair thread
+	uint64_t server_failures = 0;
 };
 
 class Volume {
 public:
 	static constexpr size_t kMaxServers = 64;
+	static constexpr unsigned kMaxReplicas = 3;
 
 	// Takes ownership of connected servers (at least one; all must report the same slab size)
 	// and opens every channel's data paths. Throws std::runtime_error with a clear message.
@@ -47,12 +73,11 @@ public:
 
 	uint64_t size() const { return size_; }
 	uint64_t slab_size() const { return slab_size_; }
+	unsigned replicas() const { return replicas_; }
 
-	// Each returns 0 or an errno for the client. Ranges must lie inside the volume (EINVAL).
-	// pread: never-written (or trimmed) ranges read as zeros without a network round trip; a
-	// range on a server that lost our session, or any failed transfer, is EIO, never zeros.
+	// Each returns 0 or an errno for the client: EINVAL for a range outside the volume,
+	// ENOSPC when no donor has room for a new slab, EIO for everything else.
 	int pread(void *buf, uint32_t count, uint64_t offset);
-	// pwrite: allocates slabs on first write; complete when every byte is on the memserver.
 	int pwrite(const void *buf, uint32_t count, uint64_t offset);
 	// trim: whole slabs inside the range are given back to their memservers and read as zeros
 	// afterwards; partial slabs are left as they are (trim is advisory).
@@ -62,14 +87,24 @@ public:
 	int zero(uint32_t count, uint64_t offset, bool fast_only);
 
 	VolumeStats stats() const;
+	// Wake the repair thread now (tests; also called on every donor failure).
+	void kick_repair();
 
 private:
-	enum State : uint8_t { Empty, Allocating, Live, Freeing };
-	struct Slab {
-		std::atomic<uint8_t> state{Empty};
-		std::atomic<uint32_t> inflight{0};
-		uint16_t server = 0; // written before state becomes Live, read after
+	struct Replica {
+		uint16_t server = 0;
+		uint32_t gen = 0; // the server's generation when this replica was last known good
 		SlabGrant grant;
+	};
+	struct Slab {
+		mutable std::shared_mutex mu; // shared: I/O; exclusive: allocate, trim, repair
+		uint8_t nrep = 0;             // 0: never written (reads zeros)
+		Replica rep[kMaxReplicas];
+	};
+	struct ServerState {
+		std::atomic<uint32_t> gen{0};
+		std::atomic<int64_t> down_until{0}; // steady_clock ns; no new slabs before this
+		std::atomic<uint32_t> used{0};      // slabs this volume holds there
 	};
 	struct Channel {
 		std::mutex mu;
@@ -81,36 +116,60 @@ private:
 		uint64_t off;   // within the slab
 		uint32_t len;
 		uint32_t pos;   // within the chunk / channel buffer
-		bool live;
 	};
-	enum class Access { Zeros, Live, Error };
 
 	Channel &channel();
 	int check_range(uint64_t count, uint64_t offset) const;
 	// Split [offset, offset+len) (len <= buffer_size) into per-slab pieces. Returns count.
 	unsigned split(uint64_t offset, uint32_t len, Piece *out) const;
-	Access acquire_read(uint64_t slab);
-	int acquire_write(uint64_t slab);
-	void release(uint64_t slab) { slabs_[slab].inflight.fetch_sub(1); }
+	bool valid(const Replica &r) const;
+	unsigned valid_count(const Slab &s) const;
+	// A replica on `server` missed a write that another replica took, or failed a read that
+	// another replica can serve: none of its replicas is read again (they are repaired).
+	void invalidate(uint16_t server);
+	// `server` failed a control call: give it no new slabs for a while.
+	void mark_down(uint16_t server);
+	// Choose up to `want` donors for a slab (power of two choices), avoiding `exclude` and,
+	// unless nothing else has room, donors on cooldown. Returns how many went to `out`.
+	unsigned place(unsigned want, std::span<const uint16_t> exclude, uint16_t *out);
+	// Give `s` (exclusively locked, empty) `replicas_` replicas. 0, ENOSPC or EIO.
 	int allocate(Slab &s);
+	// Lock `slab` shared, allocating it first if it is empty. 0 or errno (unlocked on error).
+	int lock_for_write(uint64_t slab);
 	int give_back(uint64_t slab);
-	// Write `src` (or zeros if null) to [offset, offset+len), len <= buffer_size.
-	int write_chunk(Channel &ch, const std::byte *src, uint64_t offset, uint32_t len);
-	int wait_state(Slab &s, uint8_t from);
-	// Complete the batch on every server in `used`, then release the live pieces' slabs.
-	int finish(Channel &ch, uint64_t used, const Piece *pieces, unsigned n);
+	// Return one replica's slab to its server: freed at once if the server is healthy,
+	// otherwise forgotten (reclaimed later) so that a hung donor never blocks us.
+	void release_replica(const Replica &r);
+	int read_chunk(Channel &ch, uint64_t at, uint32_t len);
+	// Write the channel buffer's first `len` bytes to [at, at+len).
+	int write_chunk(Channel &ch, uint64_t at, uint32_t len);
+	void repair_loop();
+	// Restore the replica count of one slab. Returns true if it changed anything.
+	bool repair(uint64_t slab, Channel &ch);
 
 	std::vector<std::unique_ptr<Server>> servers_;
+	std::unique_ptr<ServerState[]> sstate_;
 	const uint64_t size_;
 	uint64_t slab_size_ = 0;
 	const size_t buffer_size_;
 	const std::chrono::milliseconds timeout_;
+	unsigned replicas_ = 1;
+	const std::chrono::milliseconds repair_interval_;
+	const std::chrono::milliseconds down_cooldown_;
 	std::unique_ptr<Slab[]> slabs_;
 	uint64_t nslabs_ = 0;
 	std::byte *region_ = nullptr;
 	size_t region_len_ = 0;
-	std::vector<std::unique_ptr<Channel>> channels_;
-	std::atomic<unsigned> next_server_{0};
+	std::vector<std::unique_ptr<Channel>> channels_; // the last one belongs to repair
+	std::mutex place_mu_;  // placement (rng, load snapshot): allocation path only
+	std::minstd_rand rng_;
+
+	std::atomic<uint64_t> repaired_{0}, repair_bytes_{0}, server_failures_{0};
+	std::mutex repair_mu_;
+	std::condition_variable repair_cv_;
+	bool repair_kick_ = false;
+	bool stop_ = false;
+	std::thread repair_thread_;
 };
 
 } // namespace rdmaswap

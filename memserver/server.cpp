@@ -353,6 +353,7 @@ void Memserver::serve(Conn &c)
 			proto::AllocReply r;
 			r.slab_id = *id;
 			r.length = pool_.slab_size();
+			r.slabs_free = pool_.slabs_free();
 			if (rdma_ && sessions_.wants_rdma(session)) {
 				if (int e = rdma_->expose_slab(session, *id, r.addr, r.rkey)) {
 					pool_.release(*id, session);

@@ -52,8 +52,10 @@ struct Config {
 	uint64_t size = 0;
 	TransportKind transport = TransportKind::Auto;
 	unsigned channels = 16;
+	unsigned replicas = 0; // 0: default (2 with two or more servers, else 1)
 	std::chrono::milliseconds timeout{10000};
 } g_cfg;
+std::vector<Endpoint> g_reachable; // servers that answered in get_ready
 
 std::unique_ptr<rdma::ClientContext> g_rdma;
 std::unique_ptr<Volume> g_volume;
@@ -134,6 +136,14 @@ int rdmaswap_config(const char *key, const char *value)
 			nbdkit_error("rdmaswap: channels=%s: must be between 1 and 1024", value);
 			return -1;
 		}
+	} else if (k == "replicas") {
+		if (nbdkit_parse_unsigned("replicas", value, &g_cfg.replicas) < 0)
+			return -1;
+		if (g_cfg.replicas == 0 || g_cfg.replicas > Volume::kMaxReplicas) {
+			nbdkit_error("rdmaswap: replicas=%s: must be between 1 and %u", value,
+				     Volume::kMaxReplicas);
+			return -1;
+		}
 	} else if (k == "timeout") {
 		unsigned t = 0;
 		if (nbdkit_parse_unsigned("timeout", value, &t) < 0)
@@ -165,29 +175,47 @@ int rdmaswap_config_complete()
 		nbdkit_error("rdmaswap: at most %zu servers", Volume::kMaxServers);
 		return -1;
 	}
+	if (g_cfg.replicas == 0)
+		g_cfg.replicas = g_cfg.servers.size() >= 2 ? 2 : 1;
+	if (g_cfg.replicas > g_cfg.servers.size()) {
+		nbdkit_error("rdmaswap: replicas=%u needs at least %u server= entries",
+			     g_cfg.replicas, g_cfg.replicas);
+		return -1;
+	}
 	return 0;
 }
 
 // Before nbdkit forks: check that every memserver answers, so that a typo or a dead donor is
 // a clear startup error rather than EIO later. Only plain sockets here: RDMA resources are
 // made after the fork.
+// Before nbdkit forks: check which memservers answer, so that a typo or a dead donor is a
+// clear startup error rather than EIO later. Unreachable donors are tolerated (with a warning)
+// while at least `replicas` answer. Only plain sockets here: RDMA resources come after the fork.
 int rdmaswap_get_ready()
 {
 	for (const auto &ep : g_cfg.servers) {
+		std::string why;
 		try {
 			ControlClient c(resolve(ep), g_cfg.timeout);
 			proto::StatsReply st;
-			if (int err = c.stats(st)) {
-				nbdkit_error("rdmaswap: memserver %s is not reachable: %s",
-					     ep.str().c_str(),
-					     err == EPROTO ? "protocol error (not a memserver?)"
-							   : std::strerror(err));
-				return -1;
-			}
+			if (int err = c.stats(st))
+				why = err == EPROTO ? "protocol error (not a memserver?)"
+						    : std::strerror(err);
 		} catch (const std::exception &e) {
-			nbdkit_error("rdmaswap: memserver %s: %s", ep.str().c_str(), e.what());
-			return -1;
+			why = e.what();
 		}
+		if (why.empty())
+			g_reachable.push_back(ep);
+		else
+			nbdkit_error("rdmaswap: %smemserver %s is not reachable: %s",
+				     g_cfg.servers.size() > 1 ? "warning: " : "", ep.str().c_str(),
+				     why.c_str());
+	}
+	if (g_reachable.size() < g_cfg.replicas) {
+		nbdkit_error("rdmaswap: %zu of %zu memservers reachable, replicas=%u needs %u",
+			     g_reachable.size(), g_cfg.servers.size(), g_cfg.replicas,
+			     g_cfg.replicas);
+		return -1;
 	}
 	if (g_cfg.transport == TransportKind::Rdma && !rdma::devices_present()) {
 		nbdkit_error("rdmaswap: transport=rdma but this host has no RDMA device "
@@ -209,16 +237,16 @@ int rdmaswap_after_fork()
 		if (g_chosen == TransportKind::Auto) {
 			std::string why = "no RDMA device";
 			bool ok = rdma::devices_present();
-			for (const auto &ep : g_cfg.servers)
+			for (const auto &ep : g_reachable)
 				ok = ok && rdma::can_reach(ep, g_cfg.timeout, why);
 			g_chosen = ok ? TransportKind::Rdma : TransportKind::Tcp;
 			nbdkit_debug("rdmaswap: transport=auto chose %s%s%s", transport_name(g_chosen),
 				     ok ? "" : ": ", ok ? "" : why.c_str());
 		}
 		if (g_chosen == TransportKind::Rdma)
-			g_rdma = std::make_unique<rdma::ClientContext>(g_cfg.servers[0], g_cfg.timeout);
+			g_rdma = std::make_unique<rdma::ClientContext>(g_reachable[0], g_cfg.timeout);
 		std::vector<std::unique_ptr<Server>> servers;
-		for (const auto &ep : g_cfg.servers) {
+		for (const auto &ep : g_reachable) {
 			RemoteServerOptions o;
 			o.endpoint = ep;
 			o.kind = g_chosen;
@@ -230,14 +258,16 @@ int rdmaswap_after_fork()
 		vo.size = g_cfg.size;
 		vo.channels = g_cfg.channels;
 		vo.timeout = g_cfg.timeout;
+		vo.replicas = g_cfg.replicas;
 		g_volume = std::make_unique<Volume>(std::move(servers), vo);
 	} catch (const std::exception &e) {
 		nbdkit_error("rdmaswap: %s", e.what());
 		return -1;
 	}
-	nbdkit_debug("rdmaswap: volume of %llu bytes over %zu memserver(s) via %s, slab size %llu",
-		     (unsigned long long)g_cfg.size, g_cfg.servers.size(),
-		     transport_name(g_chosen), (unsigned long long)g_volume->slab_size());
+	nbdkit_debug("rdmaswap: volume of %llu bytes over %zu memserver(s) via %s, slab size %llu, "
+		     "%u replica(s)",
+		     (unsigned long long)g_cfg.size, g_reachable.size(), transport_name(g_chosen),
+		     (unsigned long long)g_volume->slab_size(), g_cfg.replicas);
 	return 0;
 }
 
@@ -320,6 +350,8 @@ struct nbdkit_plugin make_plugin()
 			"size=SIZE           (required) size of the device\n"
 			"transport=tcp|rdma|auto  data path (default auto)\n"
 			"channels=N          data channels (default 16)\n"
+			"replicas=N          copies of each slab on distinct servers\n"
+			"                    (default 2 with two or more servers, else 1)\n"
 			"timeout=SECONDS     bound on any network wait (default 10)";
 	p.magic_config_key = "server";
 	p.dump_plugin = rdmaswap_dump_plugin;

@@ -44,6 +44,7 @@ public:
 	// have been executed by the server: timeout, connection lost). Cleared by the caller.
 	bool outcome_unknown() const { return unknown_; }
 	void clear_outcome_unknown() { unknown_ = false; }
+	void set_outcome_unknown() { std::lock_guard lock(mu_); unknown_ = true; }
 
 	uint64_t session_id() const { return session_id_; }
 	uint64_t token() const { return token_; }

@@ -114,7 +114,7 @@ TEST_CASE("protocol: constants", "[protocol]")
 	CHECK(request_body_size(Op::Write) == 16);
 	CHECK(request_body_size(Op::Stats) == 0);
 	CHECK(reply_body_size(Op::Hello) == 40);
-	CHECK(reply_body_size(Op::Alloc) == 24);
+	CHECK(reply_body_size(Op::Alloc) == 32);
 	CHECK(reply_body_size(Op::Free) == 0);
 	CHECK(reply_body_size(Op::Read) == 0);
 	CHECK(reply_body_size(Op::Write) == 0);

@@ -745,8 +745,9 @@ TEST_CASE("volume: constructor validates servers and options", "[volume]")
 		auto a = backend("m0", 8);
 		auto c = backend("m1", 8);
 		auto vol = make_volume({a, c}, opts(MiB, 5));
-		CHECK(a->paths_opened == 5);
-		CHECK(c->paths_opened == 5);
+		// One per I/O channel plus the repair thread's channel.
+		CHECK(a->paths_opened == 6);
+		CHECK(c->paths_opened == 6);
 	}
 }
 
