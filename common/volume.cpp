@@ -153,6 +153,34 @@ VolumeStats Volume::stats() const
 	return st;
 }
 
+std::string Volume::status_text() const
+{
+	const VolumeStats st = stats();
+	std::string out;
+	auto kv = [&](const std::string &k, const std::string &v) { out += k + "=" + v + "\n"; };
+	kv("size", std::to_string(size_));
+	kv("slab_size", std::to_string(slab_size_));
+	kv("replicas", std::to_string(replicas_));
+	kv("slabs", std::to_string(st.slabs));
+	kv("slabs_live", std::to_string(st.slabs_live));
+	kv("degraded", std::to_string(st.degraded));
+	kv("lost", std::to_string(st.lost));
+	kv("repaired", std::to_string(st.repaired));
+	kv("repair_bytes", std::to_string(st.repair_bytes));
+	kv("server_failures", std::to_string(st.server_failures));
+	const int64_t now = now_ns();
+	for (size_t i = 0; i < servers_.size(); i++) {
+		const bool alive = servers_[i]->session_alive();
+		const bool down = now < sstate_[i].down_until.load();
+		kv("donor." + std::to_string(i),
+		   servers_[i]->name() + " state=" + (!alive ? "lost" : down ? "failed" : "ok") +
+			   " slabs=" + std::to_string(sstate_[i].used.load()) +
+			   " generation=" + std::to_string(sstate_[i].gen.load()) +
+			   " free_on_donor=" + std::to_string(servers_[i]->slabs_free()));
+	}
+	return out;
+}
+
 void Volume::kick_repair()
 {
 	{

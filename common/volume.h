@@ -23,6 +23,7 @@
 #include <mutex>
 #include <random>
 #include <shared_mutex>
+#include <string>
 #include <span>
 #include <thread>
 #include <vector>
@@ -87,6 +88,9 @@ public:
 	int zero(uint32_t count, uint64_t offset, bool fast_only);
 
 	VolumeStats stats() const;
+	// The status report: stats() plus one line per donor, as `key=value` lines (control
+	// path: allocates).
+	std::string status_text() const;
 	// Wake the repair thread now (tests; also called on every donor failure).
 	void kick_repair();
 

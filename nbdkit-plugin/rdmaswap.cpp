@@ -7,6 +7,10 @@
 #include <sys/prctl.h>
 
 #include <cerrno>
+#include <condition_variable>
+#include <cstdio>
+#include <cstdlib>
+#include <thread>
 #include <cstring>
 #include <memory>
 #include <mutex>
@@ -56,10 +60,54 @@ struct Config {
 	std::chrono::milliseconds timeout{10000};
 } g_cfg;
 std::vector<Endpoint> g_reachable; // servers that answered in get_ready
-
 std::unique_ptr<rdma::ClientContext> g_rdma;
 std::unique_ptr<Volume> g_volume;
 TransportKind g_chosen = TransportKind::Tcp;
+std::string g_statusfile;          // statusfile=: where the status thread writes
+
+// Writes the volume's status to g_statusfile every second (write + rename, so readers never
+// see half a file). Control path only.
+class StatusWriter {
+public:
+	StatusWriter()
+		: thread_([this] {
+			  std::unique_lock lock(mu_);
+			  while (!stop_) {
+				  write();
+				  cv_.wait_for(lock, std::chrono::seconds(1));
+			  }
+		  })
+	{
+	}
+	~StatusWriter()
+	{
+		{
+			std::lock_guard lock(mu_);
+			stop_ = true;
+		}
+		cv_.notify_all();
+		thread_.join();
+	}
+
+private:
+	static void write()
+	{
+		const std::string text = g_volume->status_text();
+		const std::string tmp = g_statusfile + ".tmp";
+		FILE *f = std::fopen(tmp.c_str(), "w");
+		if (!f)
+			return;
+		const bool ok = std::fwrite(text.data(), 1, text.size(), f) == text.size();
+		if (std::fclose(f) == 0 && ok)
+			std::rename(tmp.c_str(), g_statusfile.c_str());
+	}
+	std::mutex mu_;
+	std::condition_variable cv_;
+	bool stop_ = false;
+	std::thread thread_;
+};
+std::unique_ptr<StatusWriter> g_status;
+
 
 int fail(int err, const char *what)
 {
@@ -91,6 +139,7 @@ void rdmaswap_load()
 
 void rdmaswap_unload()
 {
+	g_status.reset();
 	g_volume.reset();
 	g_rdma.reset();
 }
@@ -136,6 +185,16 @@ int rdmaswap_config(const char *key, const char *value)
 			nbdkit_error("rdmaswap: channels=%s: must be between 1 and 1024", value);
 			return -1;
 		}
+	} else if (k == "statusfile") {
+		if (!*value) {
+			nbdkit_error("rdmaswap: statusfile= needs a path");
+			return -1;
+		}
+		char *abs = nbdkit_absolute_path(value);
+		if (!abs)
+			return -1;
+		g_statusfile = abs;
+		std::free(abs);
 	} else if (k == "replicas") {
 		if (nbdkit_parse_unsigned("replicas", value, &g_cfg.replicas) < 0)
 			return -1;
@@ -264,6 +323,8 @@ int rdmaswap_after_fork()
 		nbdkit_error("rdmaswap: %s", e.what());
 		return -1;
 	}
+	if (!g_statusfile.empty())
+		g_status = std::make_unique<StatusWriter>();
 	nbdkit_debug("rdmaswap: volume of %llu bytes over %zu memserver(s) via %s, slab size %llu, "
 		     "%u replica(s)",
 		     (unsigned long long)g_cfg.size, g_reachable.size(), transport_name(g_chosen),
@@ -352,7 +413,8 @@ struct nbdkit_plugin make_plugin()
 			"channels=N          data channels (default 16)\n"
 			"replicas=N          copies of each slab on distinct servers\n"
 			"                    (default 2 with two or more servers, else 1)\n"
-			"timeout=SECONDS     bound on any network wait (default 10)";
+			"timeout=SECONDS     bound on any network wait (default 10)\n"
+			"statusfile=PATH     write the volume's status there every second";
 	p.magic_config_key = "server";
 	p.dump_plugin = rdmaswap_dump_plugin;
 	p.get_ready = rdmaswap_get_ready;

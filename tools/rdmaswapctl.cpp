@@ -1,6 +1,10 @@
 // SPDX-License-Identifier: MIT
 // rdmaswapctl: ask memservers for their state.
+#include <sys/stat.h>
+
+#include <cerrno>
 #include <chrono>
+#include <ctime>
 #include <cstdio>
 #include <cstring>
 #include <string>
@@ -13,8 +17,11 @@ namespace {
 
 int usage()
 {
-	std::fprintf(stderr, "usage: rdmaswapctl status server=HOST[:PORT] [server=...]\n"
-			     "       [timeout=SECONDS]\n");
+	std::fprintf(stderr, "usage: rdmaswapctl status [server=HOST[:PORT] ...] [volume=STATUSFILE]\n"
+			     "       [timeout=SECONDS]\n"
+			     "  server=  a memserver's capacity, free slabs, sessions, bytes served\n"
+			     "  volume=  a plugin's statusfile=: its slabs, replicas, degraded/lost\n"
+			     "           slabs, re-replication progress and donors\n");
 	return 2;
 }
 
@@ -26,6 +33,7 @@ int main(int argc, char **argv)
 	if (argc < 2 || std::strcmp(argv[1], "status") != 0)
 		return usage();
 	std::vector<Endpoint> servers;
+	std::vector<std::string> volumes;
 	std::chrono::milliseconds timeout{5000};
 	for (int i = 2; i < argc; i++) {
 		const std::string arg = argv[i];
@@ -39,6 +47,8 @@ int main(int argc, char **argv)
 				return 2;
 			}
 			servers.push_back(*ep);
+		} else if (key == "volume") {
+			volumes.push_back(value);
 		} else if (key == "timeout") {
 			const int s = std::atoi(value.c_str());
 			if (s <= 0) {
@@ -51,9 +61,32 @@ int main(int argc, char **argv)
 			return usage();
 		}
 	}
-	if (servers.empty())
+	if (servers.empty() && volumes.empty())
 		return usage();
 	int rc = 0;
+	for (const auto &path : volumes) {
+		std::printf("volume=%s\n", path.c_str());
+		struct stat st {};
+		FILE *f = std::fopen(path.c_str(), "r");
+		if (!f || fstat(fileno(f), &st) != 0) {
+			std::printf("error=%s\n\n", std::strerror(errno));
+			if (f)
+				std::fclose(f);
+			rc = 1;
+			continue;
+		}
+		const long age = long(time(nullptr) - st.st_mtime);
+		char line[512];
+		while (std::fgets(line, sizeof line, f))
+			std::fputs(line, stdout);
+		std::fclose(f);
+		std::printf("age_seconds=%ld\n", age);
+		if (age > 5) {
+			std::printf("error=status is %ld s old: is nbdkit running?\n", age);
+			rc = 1;
+		}
+		std::printf("\n");
+	}
 	for (const auto &ep : servers) {
 		std::printf("server=%s\n", ep.str().c_str());
 		proto::StatsReply s;
