@@ -107,6 +107,12 @@ void RemoteServer::forget_slab(uint32_t id)
 	control_->set_outcome_unknown();
 }
 
+void RemoteServer::housekeeping()
+{
+	std::lock_guard lock(mu_);
+	reconcile();
+}
+
 int RemoteServer::stats(proto::StatsReply &out)
 {
 	return control_->stats(out);

@@ -83,6 +83,10 @@ public:
 	// here and the slab is returned at the next successful exchange with the server (or when
 	// the session ends). Never blocks.
 	virtual void forget_slab(uint32_t id) { (void)id; }
+	// Background upkeep (called from the volume's repair thread, never from I/O): settle
+	// anything left uncertain, e.g. give back slabs forgotten by forget_slab. May block up to
+	// the timeout.
+	virtual void housekeeping() {}
 	virtual int stats(proto::StatsReply &out) = 0;
 	// Make a data path whose posts may use local buffers inside `region`. Setup only (may
 	// allocate, may block up to the connect timeout). Throws std::runtime_error on failure.

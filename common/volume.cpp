@@ -103,8 +103,7 @@ Volume::Volume(std::vector<std::unique_ptr<Server>> servers, const VolumeOptions
 		munmap(region_, region_len_);
 		throw;
 	}
-	if (replicas_ > 1)
-		repair_thread_ = std::thread([this] { repair_loop(); });
+	repair_thread_ = std::thread([this] { repair_loop(); });
 }
 
 Volume::~Volume()
@@ -333,7 +332,7 @@ void Volume::release_replica(const Replica &r)
 	Server &srv = *servers_[r.server];
 	if (!srv.session_alive())
 		return; // gone with its session
-	if (!valid(r) || now_ns() < sstate_[r.server].down_until.load()) {
+	if (!valid(r)) { // its donor failed and may hang: do not wait on it
 		srv.forget_slab(r.grant.id);
 		return;
 	}
@@ -678,6 +677,13 @@ void Volume::repair_loop()
 				return;
 			repair_kick_ = false;
 		}
+		// Give back slabs forgotten on donors that failed, once they answer again.
+		const int64_t now = now_ns();
+		for (size_t i = 0; i < servers_.size(); i++)
+			if (now >= sstate_[i].down_until.load())
+				servers_[i]->housekeeping();
+		if (replicas_ < 2)
+			continue;
 		std::lock_guard chl(ch.mu);
 		for (uint64_t i = 0; i < nslabs_; i++) {
 			{

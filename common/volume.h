@@ -44,7 +44,8 @@ struct VolumeOptions {
 	std::chrono::milliseconds timeout{10000};
 	// Copies of each slab on distinct donors (1..kMaxReplicas, at most the server count).
 	unsigned replicas = 1;
-	// How often the repair thread looks for degraded slabs when nothing wakes it.
+	// How often the repair thread looks for degraded slabs (and reconciles forgotten slabs
+	// with their donors) when nothing wakes it.
 	std::chrono::milliseconds repair_interval{500};
 	// A donor that failed is not given new slabs for this long.
 	std::chrono::milliseconds down_cooldown{10000};
