@@ -181,6 +181,7 @@ void encode(const HelloRequest &m, std::span<std::byte> out)
 	o.put(m.want_rdma);
 	o.put(m.session_id);
 	o.put(m.token);
+	o.put(m.replaces);
 }
 
 Status decode(std::span<const std::byte> in, HelloRequest &m)
@@ -193,12 +194,15 @@ Status decode(std::span<const std::byte> in, HelloRequest &m)
 	r.want_rdma = i.get<uint32_t>();
 	r.session_id = i.get<uint64_t>();
 	r.token = i.get<uint64_t>();
+	r.replaces = i.get<uint64_t>();
 	if (r.client_version != kVersion)
 		return Status::fail("HELLO from an unsupported client version");
 	if (r.want_rdma > 1)
 		return Status::fail("HELLO want_rdma is not 0 or 1");
 	if ((r.session_id == 0) != (r.token == 0))
 		return Status::fail("HELLO session id and token must both be set or both zero");
+	if (r.replaces && !r.session_id)
+		return Status::fail("HELLO replaces a connection of no session");
 	m = r;
 	return {};
 }
@@ -213,6 +217,7 @@ void encode(const HelloReply &m, std::span<std::byte> out)
 	o.put(m.slabs_free);
 	o.put(m.max_io);
 	o.put(m.server_flags);
+	o.put(m.conn_id);
 }
 
 Status decode(std::span<const std::byte> in, HelloReply &m)
@@ -228,7 +233,8 @@ Status decode(std::span<const std::byte> in, HelloReply &m)
 	r.slabs_free = i.get<uint32_t>();
 	r.max_io = i.get<uint32_t>();
 	r.server_flags = i.get<uint32_t>();
-	if (r.session_id == 0 || r.token == 0)
+	r.conn_id = i.get<uint64_t>();
+	if (r.session_id == 0 || r.token == 0 || r.conn_id == 0)
 		return Status::fail("HELLO reply without a session");
 	if (r.slab_size < 4096 || (r.slab_size & (r.slab_size - 1)) != 0)
 		return Status::fail("HELLO reply slab size is not a power of two >= 4096");

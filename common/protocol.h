@@ -40,13 +40,17 @@ struct Header {
 };
 
 // Fixed bodies. Sizes on the wire are the k*Size constants; layout is the field order.
-struct HelloRequest {                 // 24 bytes
+struct HelloRequest {                 // 32 bytes
 	uint32_t client_version = kVersion;
 	uint32_t want_rdma = 0;       // 1: the client will attach RDMA data QPs to this session
 	uint64_t session_id = 0;      // 0: create a new session; else join it (token must match)
 	uint64_t token = 0;
+	// Non-zero: the id of this session's connection that this one replaces (a reconnect).
+	// The server fences it (it applies no further request from it) before answering, so
+	// that nothing the old connection still had buffered can land after what follows.
+	uint64_t replaces = 0;
 };
-struct HelloReply {                   // 40 bytes
+struct HelloReply {                   // 48 bytes
 	uint64_t session_id = 0;
 	uint64_t token = 0;
 	uint64_t slab_size = 0;
@@ -54,6 +58,7 @@ struct HelloReply {                   // 40 bytes
 	uint32_t slabs_free = 0;
 	uint32_t max_io = 0;
 	uint32_t server_flags = 0;    // bit 0: RDMA data path available
+	uint64_t conn_id = 0;         // this connection's id (for a later `replaces`)
 };
 inline constexpr uint32_t kServerRdma = 1;
 
@@ -90,8 +95,8 @@ struct StatsReply {                   // 80 bytes
 	uint64_t reserved = 0;
 };
 
-inline constexpr size_t kHelloRequestSize = 24;
-inline constexpr size_t kHelloReplySize = 40;
+inline constexpr size_t kHelloRequestSize = 32;
+inline constexpr size_t kHelloReplySize = 48;
 inline constexpr size_t kAllocReplySize = 32;
 inline constexpr size_t kFreeRequestSize = 8;
 inline constexpr size_t kIoRequestSize = 16;

@@ -40,6 +40,10 @@ std::string peer_name(const sockaddr_storage &ss)
 struct Memserver::Conn {
 	Fd fd;
 	std::string peer;
+	uint64_t id = random_u64();         // told to the client in the HELLO reply
+	std::atomic<uint64_t> session{0};
+	std::mutex busy;                     // held while a request is being applied
+	std::atomic<bool> fenced{false};     // a reconnect replaced it: apply nothing more
 	std::thread thread;
 	std::atomic<bool> done{false};
 	std::atomic<uint64_t> read_ops{0}, read_bytes{0}, write_ops{0}, write_bytes{0};
@@ -158,9 +162,32 @@ void Memserver::leave_session(uint64_t session)
 	logger("memserver")->info("session {:016x} ended; {} slabs freed", session, n);
 }
 
+void Memserver::fence(uint64_t session, uint64_t id)
+{
+	std::shared_ptr<Conn> old;
+	{
+		std::lock_guard lock(conns_mu_);
+		for (auto &c : conns_)
+			if (c->id == id && c->session.load() == session)
+				old = c;
+	}
+	if (!old) {
+		logger("memserver")->info("connection {:016x} replaced by a reconnect of its client "
+					  "(already closed)",
+					  id);
+		return;
+	}
+	old->fenced.store(true);
+	std::lock_guard wait(old->busy); // let a request it is applying finish
+	::shutdown(old->fd.get(), SHUT_RDWR);
+	logger("memserver")->info("connection {:016x} ({}) replaced by a reconnect of its client "
+				  "(fenced)",
+				  id, old->peer);
+}
+
 void Memserver::reap(bool all)
 {
-	std::list<std::unique_ptr<Conn>> dead;
+	std::list<std::shared_ptr<Conn>> dead;
 	{
 		std::lock_guard lock(conns_mu_);
 		for (auto it = conns_.begin(); it != conns_.end();) {
@@ -222,7 +249,7 @@ void Memserver::accept_loop()
 		setsockopt(fd.get(), IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
 		set_io_timeout(fd.get(), std::chrono::duration_cast<std::chrono::milliseconds>(
 						 kMessageTimeout));
-		auto c = std::make_unique<Conn>();
+		auto c = std::make_shared<Conn>();
 		c->fd = std::move(fd);
 		c->peer = peer_name(ss);
 		Conn &ref = *c;
@@ -299,6 +326,12 @@ void Memserver::serve(Conn &c)
 		}
 		const std::span<const std::byte> b(body.data(), fixed);
 		bool ok = true;
+		// Apply the request only if no reconnect of our client has fenced this connection.
+		std::unique_lock busy(c.busy);
+		if (c.fenced.load()) {
+			log->debug("{}: dropping a request on a fenced connection", c.peer);
+			break;
+		}
 		switch (h.op) {
 		case proto::Op::Hello: {
 			proto::HelloRequest req;
@@ -327,6 +360,12 @@ void Memserver::serve(Conn &c)
 				break;
 			}
 			session = cr.id;
+			c.session.store(session);
+			if (req.replaces) {
+				busy.unlock(); // fence() may wait for another connection's request
+				fence(session, req.replaces);
+				busy.lock();
+			}
 			proto::HelloReply r;
 			r.session_id = cr.id;
 			r.token = cr.token;
@@ -335,6 +374,7 @@ void Memserver::serve(Conn &c)
 			r.slabs_free = pool_.slabs_free();
 			r.max_io = proto::kMaxIo;
 			r.server_flags = rdma_ ? proto::kServerRdma : 0;
+			r.conn_id = c.id;
 			std::array<std::byte, proto::kHelloReplySize> out;
 			proto::encode(r, out);
 			ok = send_reply(fd, h, 0, out);

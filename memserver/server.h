@@ -56,6 +56,9 @@ private:
 	void accept_loop();
 	void serve(Conn &c);
 	void reap(bool all);
+	// Stop connection `id` of `session` from applying any further request, waiting for the
+	// one it may be applying now. No-op if there is no such connection.
+	void fence(uint64_t session, uint64_t id);
 
 	const MemserverOptions opts_;
 	SlabPool pool_;
@@ -66,7 +69,7 @@ private:
 	std::atomic<bool> stop_{false};
 
 	mutable std::mutex conns_mu_;
-	std::list<std::unique_ptr<Conn>> conns_;
+	std::list<std::shared_ptr<Conn>> conns_;
 	// Totals of connections that have ended.
 	uint64_t closed_read_ops_ = 0, closed_read_bytes_ = 0;
 	uint64_t closed_write_ops_ = 0, closed_write_bytes_ = 0;

@@ -50,7 +50,7 @@ ControlClient::ControlClient(SockAddr addr, std::chrono::milliseconds timeout)
 }
 
 Fd join_session(const SockAddr &addr, std::chrono::milliseconds timeout, uint64_t session_id,
-		uint64_t token, bool want_rdma, int &err)
+		uint64_t token, bool want_rdma, uint64_t replaces, uint64_t &conn_id, int &err)
 {
 	Fd fd = connect_tcp(addr, timeout, timeout);
 	if (!fd) {
@@ -61,6 +61,7 @@ Fd join_session(const SockAddr &addr, std::chrono::milliseconds timeout, uint64_
 	req.want_rdma = want_rdma;
 	req.session_id = session_id;
 	req.token = token;
+	req.replaces = replaces;
 	std::array<std::byte, proto::kHelloRequestSize> body;
 	std::array<std::byte, proto::kHelloReplySize> reply;
 	proto::encode(req, body);
@@ -72,6 +73,7 @@ Fd join_session(const SockAddr &addr, std::chrono::milliseconds timeout, uint64_
 		err = EPROTO;
 		return {};
 	}
+	conn_id = r.conn_id;
 	return fd;
 }
 
@@ -86,7 +88,7 @@ int ControlClient::ensure_connected()
 		return fd_ ? 0 : (errno ? errno : EIO);
 	}
 	int err = 0;
-	fd_ = join_session(addr_, timeout_, session_id_, token_, want_rdma_, err);
+	fd_ = join_session(addr_, timeout_, session_id_, token_, want_rdma_, conn_id_, conn_id_, err);
 	if (err == ENOENT)
 		lost_ = true;
 	return err;
@@ -128,6 +130,7 @@ int ControlClient::open_session(bool want_rdma, proto::HelloReply &out)
 	}
 	session_id_ = out.session_id;
 	token_ = out.token;
+	conn_id_ = out.conn_id;
 	return 0;
 }
 

@@ -64,14 +64,16 @@ private:
 	uint64_t session_id_ = 0;
 	uint64_t token_ = 0;
 	bool want_rdma_ = false;
+	uint64_t conn_id_ = 0;
 	bool lost_ = false;
 	bool unknown_ = false;
 	std::vector<std::byte> list_buf_; // LIST replies (sized once, at the first list())
 };
 
-// Connect a new socket and join an existing session with HELLO. Returns the socket, or an
-// invalid Fd with `err` set (ENOENT: the server does not know the session).
+// Connect a new socket and join an existing session with HELLO, fencing connection
+// `replaces` (0: none). Returns the socket (its id in `conn_id`), or an invalid Fd with `err`
+// set (ENOENT: the server does not know the session).
 Fd join_session(const SockAddr &addr, std::chrono::milliseconds timeout, uint64_t session_id,
-		uint64_t token, bool want_rdma, int &err);
+		uint64_t token, bool want_rdma, uint64_t replaces, uint64_t &conn_id, int &err);
 
 } // namespace rdmaswap

@@ -18,7 +18,7 @@ TcpDataPath::TcpDataPath(const SockAddr &addr, uint64_t session_id, uint64_t tok
 	  session_lost_(std::move(session_lost))
 {
 	int err = 0;
-	fd_ = join_session(addr_, timeout_, session_id_, token_, false, err);
+	fd_ = join_session(addr_, timeout_, session_id_, token_, false, 0, conn_id_, err);
 	if (!fd_)
 		throw std::runtime_error("tcp data connection to " + addr_.str() + ": " +
 					 std::strerror(err));
@@ -44,8 +44,9 @@ int TcpDataPath::ensure_connected()
 	const auto now = Backoff::clock::now();
 	if (!backoff_.may_try(now))
 		return EIO;
+	// Fence the old connection: a write it still had in flight must not land after ours.
 	int err = 0;
-	fd_ = join_session(addr_, timeout_, session_id_, token_, false, err);
+	fd_ = join_session(addr_, timeout_, session_id_, token_, false, conn_id_, conn_id_, err);
 	if (fd_) {
 		logger("tcp")->warn("data connection to {} re-established", addr_.str());
 		backoff_.succeeded();

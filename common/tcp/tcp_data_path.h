@@ -52,6 +52,7 @@ private:
 	unsigned npending_ = 0;
 	int error_ = 0; // first error of the current batch
 	uint64_t next_id_ = 1;
+	uint64_t conn_id_ = 0; // the server's id for our connection: a reconnect fences it
 	Backoff backoff_;
 };
 

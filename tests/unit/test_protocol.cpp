@@ -107,13 +107,13 @@ TEST_CASE("protocol: constants", "[protocol]")
 		largest = std::max({largest, size_t(request_body_size(op)), size_t(reply_body_size(op))});
 	}
 	CHECK(largest == kMaxFixedBody);
-	CHECK(request_body_size(Op::Hello) == 24);
+	CHECK(request_body_size(Op::Hello) == 32);
 	CHECK(request_body_size(Op::Alloc) == 0);
 	CHECK(request_body_size(Op::Free) == 8);
 	CHECK(request_body_size(Op::Read) == 16);
 	CHECK(request_body_size(Op::Write) == 16);
 	CHECK(request_body_size(Op::Stats) == 0);
-	CHECK(reply_body_size(Op::Hello) == 40);
+	CHECK(reply_body_size(Op::Hello) == 48);
 	CHECK(reply_body_size(Op::Alloc) == 32);
 	CHECK(reply_body_size(Op::Free) == 0);
 	CHECK(reply_body_size(Op::Read) == 0);
@@ -422,14 +422,17 @@ TEST_CASE("protocol: body round trips", "[protocol]")
 		m.slabs_free = 0x12345678;
 		m.max_io = kMaxIo;
 		m.server_flags = kServerRdma;
+		m.conn_id = 0x1122334455667788ull;
 		auto b = enc<HelloReply, kHelloReplySize>(m);
 		CHECK(uint8_t(b[0]) == 0x08);
+		CHECK(uint8_t(b[40]) == 0x88); // conn_id after server_flags
 		CHECK(uint8_t(b[16 + 5]) == 0x01); // slab size 1<<40: byte 5
 		CHECK(uint8_t(b[28]) == 0x78);
 		CHECK(uint8_t(b[32 + 2]) == 0x10); // max_io 0x100000
 		CHECK(uint8_t(b[36]) == 1);
 		HelloReply d;
 		REQUIRE(decode(std::span<const std::byte>(b), d).ok);
+		CHECK(d.conn_id == m.conn_id);
 		CHECK(d.session_id == m.session_id);
 		CHECK(d.token == m.token);
 		CHECK(d.slab_size == m.slab_size);
@@ -555,6 +558,7 @@ TEST_CASE("protocol: body decoders reject spans of the wrong size", "[protocol]"
 	hr.slabs_total = 4;
 	hr.slabs_free = 4;
 	hr.max_io = 4096;
+	hr.conn_id = 3;
 	check_wrong_sizes<HelloReply>(vec(enc<HelloReply, kHelloReplySize>(hr)), kHelloReplySize);
 	AllocReply ar;
 	ar.length = 65536;
@@ -625,6 +629,7 @@ TEST_CASE("protocol: body decoders reject out-of-range fields", "[protocol]")
 			m.slabs_free = 8;
 			m.max_io = 256 * 1024;
 			m.server_flags = 0;
+			m.conn_id = 12;
 			return m;
 		};
 		auto dec = [](const HelloReply &m) {
@@ -737,4 +742,33 @@ TEST_CASE("protocol: LIST reply round-trips and rejects malformed bodies", "[pro
 	h.body_len = 8;
 	rdmaswap::proto::encode_header(h, raw);
 	CHECK(rdmaswap::proto::decode_header(raw, back).ok);
+}
+
+TEST_CASE("protocol: HELLO replaces round-trips; a replacement outside a session is refused",
+	  "[protocol]")
+{
+	using namespace rdmaswap::proto;
+	HelloRequest m;
+	m.session_id = 5;
+	m.token = 6;
+	m.replaces = 0xabcdef0123456789ull;
+	std::array<std::byte, kHelloRequestSize> b;
+	encode(m, b);
+	HelloRequest d;
+	REQUIRE(decode(std::span<const std::byte>(b), d).ok);
+	CHECK(d.replaces == m.replaces);
+	m.session_id = 0;
+	m.token = 0;
+	encode(m, b);
+	CHECK_FALSE(decode(std::span<const std::byte>(b), d).ok);
+	HelloReply r;
+	r.session_id = 1;
+	r.token = 2;
+	r.slab_size = 65536;
+	r.max_io = 4096;
+	r.conn_id = 0; // a server must name the connection
+	std::array<std::byte, kHelloReplySize> rb;
+	encode(r, rb);
+	HelloReply rd;
+	CHECK_FALSE(decode(std::span<const std::byte>(rb), rd).ok);
 }
