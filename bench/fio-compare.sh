@@ -1,0 +1,145 @@
+#!/usr/bin/env bash
+# SPDX-License-Identifier: MIT
+# Compare rdmaswap (nbdkit plugin -> memserver over TCP on 127.0.0.1) with nbdkit's memory plugin,
+# both served on a Unix socket and driven by fio's NBD engine. Prints a markdown table: IOPS, p50
+# and p99 completion latency, the IOPS ratio rdmaswap/memory, and the CPU the servers used.
+#
+# Usage: bench/fio-compare.sh BUILD_DIR
+# Environment (all optional):
+#   RUNTIME=10          seconds per measurement (after RAMP=2 seconds of warm-up)
+#   SIZE=1G             device size; it is filled first so every read hits written data
+#   SLAB=64M            memserver slab size (capacity = SIZE)
+#   THREADS=16          nbdkit --threads, for both servers
+#   RDMASWAP_ARGS=      extra plugin parameters, e.g. "threads=4"
+#   ROWS="..."          subset of rows, e.g. "randread:4k:1 randwrite:128k:32"
+#   REPEAT=1            measure each row REPEAT times, alternating the two servers, and report
+#                       the run with the median rdmaswap/memory IOPS ratio (for noisy machines)
+#   OUT=DIR             keep fio's JSON and the server logs there (default: a temporary dir)
+set -euo pipefail
+
+[[ $# -eq 1 ]] || { echo "usage: $0 BUILD_DIR" >&2; exit 2; }
+build=$(cd "$1" && pwd)
+memserver="$build/memserver/rdmaswap-memserver"
+plugin="$build/nbdkit-plugin/nbdkit-rdmaswap-plugin.so"
+ctl="$build/tools/rdmaswapctl"
+for f in "$memserver" "$plugin" "$ctl"; do
+    [[ -e $f ]] || { echo "$0: not built: $f" >&2; exit 1; }
+done
+for c in nbdkit fio jq python3; do
+    command -v "$c" >/dev/null || { echo "$0: needs $c" >&2; exit 1; }
+done
+
+export PATH="/usr/bin:$PATH"
+RUNTIME=${RUNTIME:-10}
+RAMP=${RAMP:-2}
+SIZE=${SIZE:-1G}
+SLAB=${SLAB:-64M}
+THREADS=${THREADS:-16}
+RDMASWAP_ARGS=${RDMASWAP_ARGS:-}
+REPEAT=${REPEAT:-1}
+ROWS=${ROWS:-"randread:4k:1 randwrite:4k:1 randread:4k:32 randwrite:4k:32 randread:32k:32 randwrite:128k:32"}
+out=${OUT:-$(mktemp -d -t rdmaswap-bench.XXXXXX)}
+mkdir -p "$out"
+rm -f "$out/rdmaswap.sock" "$out/memory.sock"
+hz=$(getconf CLK_TCK)
+
+pids=()
+cleanup() {
+    local p
+    for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done
+    for p in "${pids[@]}"; do wait "$p" 2>/dev/null || true; done
+}
+trap cleanup EXIT
+
+wait_for() { # SECONDS CMD...: retry CMD every 0.1 s
+    local deadline=$((SECONDS + $1))
+    shift
+    until "$@" >/dev/null 2>&1; do
+        ((SECONDS < deadline)) || { echo "$0: timed out: $*" >&2; exit 1; }
+        sleep 0.1
+    done
+}
+
+# CPU seconds (user+system, all threads) a process has used so far.
+cpu_ticks() { awk '{print $14 + $15}' "/proc/$1/stat"; }
+
+port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
+"$memserver" --listen 127.0.0.1 --port "$port" --capacity "$SIZE" --slab-size "$SLAB" \
+    --transport tcp --log-level warn 2>"$out/memserver.log" &
+ms_pid=$!
+pids+=("$ms_pid")
+wait_for 60 "$ctl" status "server=127.0.0.1:$port"
+
+# shellcheck disable=SC2086 # RDMASWAP_ARGS is a list of key=value words
+nbdkit -f --threads "$THREADS" -U "$out/rdmaswap.sock" "$plugin" \
+    server="127.0.0.1:$port" size="$SIZE" transport=tcp $RDMASWAP_ARGS 2>"$out/nbdkit-rdmaswap.log" &
+rs_pid=$!
+pids+=("$rs_pid")
+nbdkit -f --threads "$THREADS" -U "$out/memory.sock" memory "$SIZE" allocator=malloc \
+    2>"$out/nbdkit-memory.log" &
+mem_pid=$!
+pids+=("$mem_pid")
+wait_for 30 test -S "$out/rdmaswap.sock"
+wait_for 30 test -S "$out/memory.sock"
+
+uri() { echo "nbd+unix:///?socket=$out/$1.sock"; }
+
+# Fill both devices so reads hit written (non-zero) data everywhere.
+for t in rdmaswap memory; do
+    fio --name=fill --ioengine=nbd --uri="$(uri $t)" --rw=write --bs=1M --iodepth=8 \
+        --size="$SIZE" --refill_buffers --output-format=json --output="$out/fill-$t.json" \
+        >/dev/null 2>&1
+done
+
+# run TARGET RW BS QD: one fio measurement; prints "iops p50_us p99_us server_cpu% memserver_cpu%".
+run() {
+    local t=$1 rw=$2 bs=$3 qd=$4 json server_pid a0 b0 a1 b1 t0 t1
+    json="$out/$t-$rw-$bs-qd$qd-${rep:-1}.json"
+    server_pid=$rs_pid
+    [[ $t == memory ]] && server_pid=$mem_pid
+    # CPU is sampled around the whole fio run (ramp included) and divided by its wall time.
+    a0=$(cpu_ticks "$server_pid"); b0=$(cpu_ticks "$ms_pid"); t0=$(date +%s.%N)
+    fio --name="$t-$rw-$bs-qd$qd" --ioengine=nbd --uri="$(uri "$t")" --rw="$rw" --bs="$bs" \
+        --iodepth="$qd" --numjobs=1 --size="$SIZE" --time_based --runtime="$RUNTIME" \
+        --ramp_time="$RAMP" --norandommap --randrepeat=0 --output-format=json --output="$json" \
+        >/dev/null 2>&1
+    a1=$(cpu_ticks "$server_pid"); b1=$(cpu_ticks "$ms_pid"); t1=$(date +%s.%N)
+    local dir="read"
+    [[ $rw == *write ]] && dir="write"
+    jq -r --arg d "$dir" '.jobs[0][$d] |
+        "\(.iops) \(.clat_ns.percentile["50.000000"] / 1000) \(.clat_ns.percentile["99.000000"] / 1000)"' \
+        "$json" | tr '\n' ' '
+    python3 -c "import sys; a0,a1,b0,b1,t0,t1,hz=map(float,sys.argv[1:]); w=t1-t0
+print('%.0f %.0f' % (100*(a1-a0)/hz/w, 100*(b1-b0)/hz/w))" "$a0" "$a1" "$b0" "$b1" "$t0" "$t1" "$hz"
+}
+
+echo "rdmaswap (TCP, 127.0.0.1, slab $SLAB) vs nbdkit memory (allocator=malloc); fio nbd engine, 1 job,"
+echo "${RUNTIME}s per row after ${RAMP}s ramp, device $SIZE (filled), nbdkit --threads $THREADS, $(nproc) CPUs."
+echo "Latency: fio completion latency (clat). CPU: % of one core, whole fio run incl. ramp."
+[[ $REPEAT -gt 1 ]] && echo "Each row: the median of $REPEAT alternating runs by IOPS ratio (range of the ratio in brackets)."
+echo "Load average before: $(cut -d' ' -f1-3 /proc/loadavg) (anything else running skews both columns)."
+echo
+echo "| workload | QD | rdmaswap IOPS | p50 µs | p99 µs | memory IOPS | p50 µs | p99 µs | IOPS ratio | CPU% nbdkit-rdmaswap | CPU% memserver | CPU% nbdkit-memory |"
+echo "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
+for row in $ROWS; do
+    IFS=: read -r rw bs qd <<<"$row"
+    results=()
+    for ((rep = 1; rep <= REPEAT; rep++)); do
+        results+=("$(run rdmaswap "$rw" "$bs" "$qd") $(run memory "$rw" "$bs" "$qd")")
+    done
+    python3 - "$rw" "$bs" "$qd" "${results[@]}" <<'PY'
+import sys
+rw, bs, qd = sys.argv[1:4]
+# Each run: a_iops a_p50 a_p99 a_cpu a_memserver b_iops b_p50 b_p99 b_cpu b_memserver(unused)
+runs = [list(map(float, r.split())) for r in sys.argv[4:]]
+for r in runs:
+    r.append(r[0] / r[5] if r[5] else float("nan"))
+runs.sort(key=lambda r: r[-1])
+ai, a50, a99, acpu, ams, bi, b50, b99, bcpu, _, ratio = runs[len(runs) // 2]
+spread = "" if len(runs) == 1 else " (%.2f-%.2f)" % (runs[0][-1], runs[-1][-1])
+print("| %s %s | %s | %.0f | %.0f | %.0f | %.0f | %.0f | %.0f | %.2f%s | %.0f | %.0f | %.0f |"
+      % (rw, bs, qd, ai, a50, a99, bi, b50, b99, ratio, spread, acpu, ams, bcpu))
+PY
+done
+echo
+echo "Load average after: $(cut -d' ' -f1-3 /proc/loadavg). Raw fio JSON and logs: $out"

@@ -1,0 +1,199 @@
+# SPDX-License-Identifier: MIT
+# shellcheck shell=bash
+# Shared helpers for the integration tests: find the build, start/stop memserver and nbdkit, clean up.
+#
+# Source it from a test script that runs with `set -euo pipefail`:
+#   source "$(dirname "$0")/functions.sh"
+# It creates $tmpdir (removed on exit) and kills every process started through it on exit.
+# Exit codes follow nbdkit's test convention: 0 pass, 77 skip, anything else fail.
+
+# nbdsh and nbdcopy's Python bindings live in Debian's python3; a pyenv python may be first on PATH.
+export PATH="/usr/bin:/usr/sbin:$PATH"
+
+: "${RDMASWAP_BUILD:?set RDMASWAP_BUILD to the meson build directory}"
+RDMASWAP_BUILD=$(cd "$RDMASWAP_BUILD" && pwd)
+MEMSERVER="$RDMASWAP_BUILD/memserver/rdmaswap-memserver"
+PLUGIN="$RDMASWAP_BUILD/nbdkit-plugin/nbdkit-rdmaswap-plugin.so"
+RDMASWAPCTL="$RDMASWAP_BUILD/tools/rdmaswapctl"
+PYTHON=/usr/bin/python3
+
+# Every pid in this list is sent SIGKILL on exit (SIGTERM first, briefly).
+_cleanup_pids=()
+tmpdir=$(mktemp -d -t rdmaswap-it.XXXXXX)
+
+cleanup() {
+    local rc=$? pid i
+    set +e
+    for pid in "${_cleanup_pids[@]}"; do
+        kill -TERM "$pid" 2>/dev/null
+    done
+    for pid in "${_cleanup_pids[@]}"; do
+        for ((i = 0; i < 50; i++)); do
+            kill -0 "$pid" 2>/dev/null || break
+            sleep 0.1
+        done
+        kill -KILL "$pid" 2>/dev/null
+        wait "$pid" 2>/dev/null
+    done
+    if [[ $rc -ne 0 && $rc -ne 77 ]]; then
+        # Show the server logs of a failed test: they usually say why.
+        for f in "$tmpdir"/*.log; do
+            [[ -f $f ]] || continue
+            echo "---- $(basename "$f") (last 40 lines) ----" >&2
+            tail -n 40 "$f" >&2
+        done
+    fi
+    rm -rf "$tmpdir"
+    exit "$rc"
+}
+trap cleanup EXIT
+trap 'exit 130' INT TERM
+
+fail() { echo "FAIL: $0: $*" >&2; exit 1; }
+skip() { echo "SKIP: $0: $*" >&2; exit 77; }
+log()  { echo "$(basename "$0"): $*" >&2; }
+
+# Register a pid to be killed on exit.
+cleanup_pid() { _cleanup_pids+=("$1"); }
+
+# requires CMD [ARGS...]: skip the test unless CMD runs successfully.
+requires() {
+    "$@" >/dev/null 2>&1 || skip "prerequisite failed: $*"
+}
+
+# requires_build [memserver] [plugin] [ctl]: the build products the test uses must exist.
+# A missing product is a failure, not a skip: meson builds them before running the tests.
+requires_build() {
+    local what
+    for what in "$@"; do
+        case $what in
+            memserver) [[ -x $MEMSERVER ]] || fail "not built: $MEMSERVER" ;;
+            plugin)    [[ -f $PLUGIN ]] || fail "not built: $PLUGIN" ;;
+            ctl)       [[ -x $RDMASWAPCTL ]] || fail "not built: $RDMASWAPCTL" ;;
+            *) fail "requires_build: unknown product $what" ;;
+        esac
+    done
+}
+
+requires_nbdsh() {
+    requires nbdsh --version
+    requires "$PYTHON" -c 'import nbd'
+}
+
+# free_port: print a TCP port on 127.0.0.1 that was free a moment ago.
+free_port() {
+    "$PYTHON" -c '
+import socket
+s = socket.socket()
+s.bind(("127.0.0.1", 0))
+print(s.getsockname()[1])
+s.close()'
+}
+
+# wait_until SECONDS DESCRIPTION CMD [ARGS...]: run CMD every 0.1 s until it succeeds; fail after SECONDS.
+wait_until() {
+    local secs=$1 what=$2 deadline
+    shift 2
+    deadline=$((SECONDS + secs))
+    until "$@" >/dev/null 2>&1; do
+        ((SECONDS < deadline)) || fail "timed out after ${secs}s waiting for: $what"
+        sleep 0.1
+    done
+}
+
+# ctl_status PORT: print `rdmaswapctl status` of the memserver on 127.0.0.1:PORT (bounded by timeout).
+ctl_status() {
+    timeout 10 "$RDMASWAPCTL" status "server=127.0.0.1:$1"
+}
+
+# ctl_get PORT KEY: print the value of KEY in `rdmaswapctl status`; fail if it is missing.
+ctl_get() {
+    local out val
+    out=$(ctl_status "$1") || fail "rdmaswapctl status server=127.0.0.1:$1 failed"
+    val=$(sed -n "s/^$2=//p" <<<"$out")
+    [[ -n $val ]] || fail "rdmaswapctl status has no $2= line:"$'\n'"$out"
+    echo "$val"
+}
+
+# start_memserver CAPACITY SLAB_SIZE [EXTRA_ARGS...]
+# Starts a memserver on 127.0.0.1 on a free port, TCP transport, and waits until rdmaswapctl
+# status answers. Sets MEMSERVER_PID, MEMSERVER_PORT, MEMSERVER_ADDR (HOST:PORT), MEMSERVER_LOG.
+# Retries on a few ports in case another process grabbed the free port first.
+_memserver_count=0
+start_memserver() {
+    local capacity=$1 slab=$2 deadline
+    shift 2
+    for _ in 1 2 3; do
+        _memserver_count=$((_memserver_count + 1))
+        MEMSERVER_PORT=$(free_port)
+        MEMSERVER_ADDR="127.0.0.1:$MEMSERVER_PORT"
+        MEMSERVER_LOG="$tmpdir/memserver-$_memserver_count.log"
+        "$MEMSERVER" --listen 127.0.0.1 --port "$MEMSERVER_PORT" \
+            --capacity "$capacity" --slab-size "$slab" --transport tcp "$@" \
+            </dev/null >"$MEMSERVER_LOG" 2>&1 &
+        MEMSERVER_PID=$!
+        cleanup_pid "$MEMSERVER_PID"
+        deadline=$((SECONDS + 30))
+        while ((SECONDS < deadline)); do
+            if ! kill -0 "$MEMSERVER_PID" 2>/dev/null; then
+                break
+            fi
+            if ctl_status "$MEMSERVER_PORT" >/dev/null 2>&1; then
+                log "memserver pid $MEMSERVER_PID on $MEMSERVER_ADDR (capacity $capacity, slab $slab)"
+                return 0
+            fi
+            sleep 0.1
+        done
+        if kill -0 "$MEMSERVER_PID" 2>/dev/null; then
+            fail "memserver on $MEMSERVER_ADDR did not answer rdmaswapctl status within 30 s"
+        fi
+        wait "$MEMSERVER_PID" 2>/dev/null || true
+        if ! grep -qi 'in use' "$MEMSERVER_LOG"; then
+            cat "$MEMSERVER_LOG" >&2
+            fail "memserver exited at startup"
+        fi
+        log "port $MEMSERVER_PORT was taken, retrying"
+    done
+    fail "could not start memserver on a free port"
+}
+
+# start_nbdkit NAME [NBDKIT_ARGS...] -- PLUGIN_ARGS...
+# Starts `nbdkit -f -U $tmpdir/NAME.sock -P $tmpdir/NAME.pid [NBDKIT_ARGS] PLUGIN.so PLUGIN_ARGS`
+# in the background and waits for the socket and pid file. Sets NBDKIT_PID, NBDKIT_SOCK,
+# NBDKIT_URI (nbd+unix:///?socket=...), NBDKIT_LOG. Fails if nbdkit exits during startup.
+# The plugin defaults to the rdmaswap .so; set NBDKIT_PLUGIN to use another (e.g. memory).
+start_nbdkit() {
+    local name=$1 deadline plugin=${NBDKIT_PLUGIN:-$PLUGIN}
+    shift
+    local nbdkit_args=()
+    while [[ $# -gt 0 && $1 != -- ]]; do
+        nbdkit_args+=("$1")
+        shift
+    done
+    [[ ${1:-} == -- ]] && shift
+    NBDKIT_SOCK="$tmpdir/$name.sock"
+    # shellcheck disable=SC2034 # used by the test scripts
+    NBDKIT_URI="nbd+unix:///?socket=$NBDKIT_SOCK"
+    NBDKIT_LOG="$tmpdir/nbdkit-$name.log"
+    local pidfile="$tmpdir/$name.pid"
+    rm -f "$NBDKIT_SOCK" "$pidfile"
+    nbdkit -f -U "$NBDKIT_SOCK" -P "$pidfile" "${nbdkit_args[@]}" "$plugin" "$@" \
+        </dev/null >"$NBDKIT_LOG" 2>&1 &
+    NBDKIT_PID=$!
+    cleanup_pid "$NBDKIT_PID"
+    deadline=$((SECONDS + 30))
+    until [[ -S $NBDKIT_SOCK && -s $pidfile ]]; do
+        if ! kill -0 "$NBDKIT_PID" 2>/dev/null; then
+            cat "$NBDKIT_LOG" >&2
+            fail "nbdkit exited at startup: nbdkit ${nbdkit_args[*]} $plugin $*"
+        fi
+        ((SECONDS < deadline)) || fail "nbdkit did not create $NBDKIT_SOCK within 30 s"
+        sleep 0.1
+    done
+    log "nbdkit pid $NBDKIT_PID on $NBDKIT_SOCK: $(basename "$plugin") $*"
+}
+
+# nbdsh_run [NBDSH_ARGS...]: nbdsh bounded in time (NBDSH_TIMEOUT seconds, default 50).
+nbdsh_run() {
+    timeout "${NBDSH_TIMEOUT:-50}" nbdsh "$@"
+}

@@ -1,0 +1,58 @@
+#!/usr/bin/env bash
+# SPDX-License-Identifier: MIT
+# Bad configuration makes nbdkit fail at startup, quickly, with a message that names the problem:
+# an unknown key, a missing size, a bad size, a bad transport, no server, an unreachable server.
+set -euo pipefail
+source "$(dirname "$0")/functions.sh"
+requires nbdkit --version
+requires_build memserver plugin ctl
+
+# A live memserver, so that every case except "unreachable" has a good server= and fails for its
+# own reason only.
+start_memserver 16M 1M
+good="server=$MEMSERVER_ADDR"
+
+# A port nobody listens on: bound, never listening, kept bound so nobody else takes it meanwhile.
+"$PYTHON" -c '
+import socket, sys, time
+s = socket.socket()
+s.bind(("127.0.0.1", 0))
+open(sys.argv[1] + ".tmp", "w").write("%d\n" % s.getsockname()[1])
+import os; os.rename(sys.argv[1] + ".tmp", sys.argv[1])
+time.sleep(120)' "$tmpdir/deadport" &
+cleanup_pid $!
+wait_until 10 "dead port reserved" test -s "$tmpdir/deadport"
+deadport=$(cat "$tmpdir/deadport")
+
+n=0
+# expect_fail REGEX PLUGIN_ARGS...: nbdkit must exit non-zero within 20 s and print REGEX (grep -Ei)
+# on stderr. With -f and no --run, a server that does not fail would run until timeout kills it.
+expect_fail() {
+    local regex=$1 rc=0 start
+    shift
+    n=$((n + 1))
+    local err="$tmpdir/bad-$n.err"
+    start=$SECONDS
+    timeout 20 nbdkit -f -U "$tmpdir/bad-$n.sock" "$PLUGIN" "$@" </dev/null >/dev/null 2>"$err" || rc=$?
+    log "case $n: nbdkit rdmaswap $* -> exit $rc after $((SECONDS - start))s: $(tr '\n' ' ' <"$err")"
+    [[ $rc -ne 124 ]] || fail "nbdkit rdmaswap $* did not fail within 20 s (still serving)"
+    [[ $rc -ne 0 ]] || fail "nbdkit rdmaswap $* exited 0"
+    [[ $rc -lt 128 ]] || fail "nbdkit rdmaswap $* died of a signal (exit $rc): $(cat "$err")"
+    grep -Eqi -- "$regex" "$err" || fail "nbdkit rdmaswap $* failed without a message matching /$regex/: $(cat "$err")"
+}
+
+# The control case: the good configuration starts (otherwise every case below proves nothing).
+start_nbdkit good -- "$good" size=16M
+timeout 20 nbdinfo --size "$NBDKIT_URI" | grep -qx 16777216 || fail "good configuration does not serve 16M"
+
+expect_fail 'bogus'                 "$good" size=16M bogus=1
+expect_fail 'size'                  "$good"
+expect_fail 'size'                  "$good" size=banana
+expect_fail 'size'                  "$good" size=-1M
+expect_fail 'transport'             "$good" size=16M transport=carrier-pigeon
+expect_fail 'server'                size=16M
+expect_fail 'server|port|address'   "server=127.0.0.1:notaport" size=16M
+# Unreachable: the message names the address and says it could not connect.
+expect_fail "127\.0\.0\.1:$deadport" "server=127.0.0.1:$deadport" size=16M
+grep -Eqi 'connect|refused|unreachable' "$tmpdir/bad-$n.err" ||
+    fail "unreachable server: message does not say it could not connect: $(cat "$tmpdir/bad-$n.err")"
