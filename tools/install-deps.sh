@@ -5,10 +5,11 @@
 set -euo pipefail
 runtime=(nbdkit nbd-client rdma-core ibverbs-providers librdmacm1 libibverbs1 libspdlog1.10
 	 iproute2 kmod)
-build=(g++ meson ninja-build pkg-config nbdkit-plugin-dev libibverbs-dev librdmacm-dev
+build=(gcc g++ meson ninja-build pkg-config nbdkit-plugin-dev libibverbs-dev librdmacm-dev
        libspdlog-dev libcli11-dev catch2)
 tests=(libnbd-bin python3-libnbd fio qemu-system-x86 linux-image-amd64 busybox-static cpio
-       ibverbs-utils rdmacm-utils perftest procps psmisc util-linux python3)
+       ibverbs-utils rdmacm-utils perftest procps psmisc util-linux python3
+       systemd man-db groff-base)
 want=("${runtime[@]}")
 [ "${1:-}" = "--runtime" ] || want+=("${build[@]}" "${tests[@]}")
 missing=()

@@ -1,0 +1,101 @@
+#!/usr/bin/env bash
+# SPDX-License-Identifier: MIT
+# rdmaswap-compute, the helper of the compute-host units, with a config file of the installed
+# kind: it rejects bad settings (exit 2), prints the exact nbdkit / nbd-client / mkswap / swapon
+# / swapoff commands (-n), and really runs nbdkit --swap in the foreground against a memserver
+# (exec'ed, so systemd sees nbdkit as the main process, with the configured stack limit and
+# its memory locked); wait-ready returns once the socket serves and fails fast when nbdkit dies.
+# The kernel attach itself (nbd-client, swapon) runs in the VM tests, not on this host.
+set -euo pipefail
+source "$(dirname "$0")/../integration/functions.sh"
+requires nbdkit --version
+requires_nbdsh
+requires_build memserver plugin ctl
+compute=$RDMASWAP_BUILD/systemd/rdmaswap-compute
+[[ -x $compute ]] || fail "not built: $compute"
+
+start_memserver 64M 1M
+conf=$tmpdir/compute.conf
+sock=$tmpdir/nbd.sock
+# write_conf [KEY=VALUE...]: a valid config, with the given lines appended.
+write_conf() {
+    {
+        echo "SERVERS=\"$MEMSERVER_ADDR\""
+        echo "SIZE=64M"
+        echo "TRANSPORT=tcp"
+        echo "CHANNELS=4"
+        echo "TIMEOUT=5"
+        echo "NBDKIT_THREADS=4"
+        echo "SOCKET=$sock"
+        echo "PLUGIN=$PLUGIN"
+        echo "NBD_DEVICE=/dev/nbd7"
+        echo "SWAP_PRIORITY=5"
+        echo "SWAP_DISCARD=once"
+        printf '%s\n' "$@"
+    } >"$conf"
+}
+
+# Bad settings: exit status 2 and a message naming the key.
+for bad in 'SERVERS=' 'SIZE=' 'TRANSPORT=infiniband' 'CHANNELS=0' 'TIMEOUT=x' \
+    'NBD_DEVICE=/dev/sda' 'SWAP_DISCARD=always' 'SWAP_PRIORITY=high' 'SOCKET=relative.sock' \
+    'REPLICAS=two' 'STATUSFILE=status.txt'; do
+    write_conf "$bad"
+    rc=0
+    "$compute" -c "$conf" check >/dev/null 2>"$tmpdir/err" || rc=$?
+    [[ $rc == 2 ]] || fail "config with $bad: exit $rc, expected 2"
+    grep -q "${bad%%=*}" "$tmpdir/err" || fail "config with $bad: message does not name it: $(cat "$tmpdir/err")"
+done
+rc=0
+"$compute" -c "$tmpdir/missing.conf" check 2>/dev/null || rc=$?
+[[ $rc == 2 ]] || fail "missing config: exit $rc, expected 2"
+
+# The exact commands.
+write_conf "REPLICAS=1" "STATUSFILE=$tmpdir/status"
+"$compute" -c "$conf" check >"$tmpdir/check.txt" || fail "check failed on a valid config"
+cat >"$tmpdir/want.txt" <<WANT
+# config: $conf
+ulimit -s 1024
+nbdkit --swap -f -U $sock -t 4 $PLUGIN server=$MEMSERVER_ADDR size=64M transport=tcp channels=4 timeout=5 replicas=1 statusfile=$tmpdir/status
+nbd-client -unix $sock /dev/nbd7 -swap -b 4096 -C 2
+mkswap /dev/nbd7
+swapon --priority 5 --discard=once /dev/nbd7
+swapoff /dev/nbd7
+nbd-client -d /dev/nbd7
+WANT
+diff -u "$tmpdir/want.txt" "$tmpdir/check.txt" || fail "check printed other commands"
+
+# The real thing: nbdkit in the foreground, as rdmaswap-nbdkit.service runs it.
+"$compute" -c "$conf" nbdkit </dev/null >"$tmpdir/nbdkit-compute.log" 2>&1 &
+pid=$!
+cleanup_pid $pid
+timeout 60 "$compute" -c "$conf" wait-ready $pid || fail "wait-ready failed"
+[[ $(cat /proc/$pid/comm) == nbdkit ]] || fail "the main process is $(cat /proc/$pid/comm), not nbdkit (no exec?)"
+grep -E -q '^Max stack size +1048576 ' /proc/$pid/limits || fail "nbdkit's stack limit is not 1 MiB"
+locked=$(awk '/^VmLck:/ { print $2 }' /proc/$pid/status)
+((locked > 0)) || fail "nbdkit --swap has no locked memory"
+uri="nbd+unix:///?socket=$sock"
+nbdsh_run -u "$uri" -c '
+assert h.get_size() == 64 * 1024 * 1024
+data = bytes(range(256)) * 512
+h.pwrite(data, 5 * 1024 * 1024 - 4096)
+assert h.pread(len(data), 5 * 1024 * 1024 - 4096) == data
+assert h.pread(4096, 0) == bytes(4096)
+' || fail "the device nbdkit serves does not work"
+[[ $(ctl_get "$MEMSERVER_PORT" slabs_used) -ge 1 ]] || fail "no slab used on the memserver"
+wait_until 10 "status file" test -s "$tmpdir/status"
+grep -q '^replicas=1$' "$tmpdir/status" || fail "status file without replicas=1: $(cat "$tmpdir/status")"
+kill -TERM $pid
+wait $pid 2>/dev/null || true
+
+# wait-ready fails fast when nbdkit cannot start (no memserver on that port).
+write_conf "SERVERS=127.0.0.1:$(free_port)"
+"$compute" -c "$conf" nbdkit </dev/null >"$tmpdir/nbdkit-dead.log" 2>&1 &
+pid=$!
+cleanup_pid $pid
+start=$SECONDS
+rc=0
+timeout 60 "$compute" -c "$conf" wait-ready $pid 2>"$tmpdir/err" || rc=$?
+[[ $rc == 1 ]] || fail "wait-ready with a dead nbdkit: exit $rc, expected 1"
+((SECONDS - start < 30)) || fail "wait-ready took $((SECONDS - start)) s to notice nbdkit died"
+grep -q 'not reachable' "$tmpdir/nbdkit-dead.log" || fail "nbdkit did not say the memserver is unreachable"
+log "rdmaswap-compute OK"
