@@ -4,7 +4,10 @@
 #define NBDKIT_API_VERSION 2
 #include <nbdkit-plugin.h>
 
+#include <sys/mman.h>
 #include <sys/prctl.h>
+#include <sys/resource.h>
+#include <unistd.h>
 
 #include <cerrno>
 #include <condition_variable>
@@ -284,8 +287,40 @@ int rdmaswap_get_ready()
 	return 0;
 }
 
+// VmLck from /proc/self/status, in kB (0 if unknown).
+long locked_kb()
+{
+	FILE *f = std::fopen("/proc/self/status", "r");
+	if (!f)
+		return 0;
+	char line[256];
+	long kb = 0;
+	while (std::fgets(line, sizeof line, f))
+		if (std::sscanf(line, "VmLck: %ld kB", &kb) == 1)
+			break;
+	std::fclose(f);
+	return kb;
+}
+
 int rdmaswap_after_fork()
 {
+	// A swap server whose own pages can be swapped out deadlocks under pressure. nbdkit --swap
+	// locks memory; if it did not (or the locks were not kept), lock it here.
+	// (Only without a finite RLIMIT_MEMLOCK: under one, MCL_FUTURE would make later
+	// allocations fail once the limit is reached.)
+	rlimit rl{};
+	getrlimit(RLIMIT_MEMLOCK, &rl);
+	const bool unlimited = geteuid() == 0 || rl.rlim_cur == RLIM_INFINITY;
+	if (locked_kb() == 0) {
+		if (unlimited && mlockall(MCL_CURRENT | MCL_FUTURE) == 0)
+			nbdkit_debug("rdmaswap: memory was not locked (nbdkit without --swap?): "
+				     "locked it with mlockall");
+		else
+			nbdkit_error("rdmaswap: warning: memory is not locked and mlockall failed "
+				     "(%s): run nbdkit with --swap and a sufficient RLIMIT_MEMLOCK "
+				     "before using this device as swap",
+				     unlimited ? std::strerror(errno) : "RLIMIT_MEMLOCK is limited");
+	}
 	// A swap device's server must not wait on memory reclaim that waits on it
 	// (PR_SET_IO_FLUSHER, Linux >= 5.6, needs CAP_SYS_RESOURCE). Inherited by the worker
 	// threads nbdkit starts after this.
