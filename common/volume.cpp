@@ -220,6 +220,14 @@ int Volume::check_range(uint64_t count, uint64_t offset) const
 	return 0;
 }
 
+uint32_t Volume::chunk_len(uint64_t at, uint64_t left) const
+{
+	// Bounded by the channel buffer, and by kMaxPieces slabs so one chunk never posts more
+	// than kMaxBatch operations to one data path.
+	const uint64_t limit = (at / slab_size_ + kMaxPieces) * slab_size_ - at;
+	return uint32_t(std::min<uint64_t>({left, buffer_size_, limit}));
+}
+
 unsigned Volume::split(uint64_t offset, uint32_t len, Piece *out) const
 {
 	unsigned n = 0;
@@ -488,9 +496,7 @@ int Volume::pread(void *buf, uint32_t count, uint64_t offset)
 	uint64_t done = 0;
 	while (done < count) {
 		const uint64_t at = offset + done;
-		const uint64_t limit = (at / slab_size_ + kMaxPieces) * slab_size_ - at;
-		const uint32_t len =
-			uint32_t(std::min<uint64_t>({count - done, buffer_size_, limit}));
+		const uint32_t len = chunk_len(at, count - done);
 		if (int r = read_chunk(ch, at, len))
 			return r;
 		std::memcpy(dst + done, ch.buf, len);
@@ -509,9 +515,7 @@ int Volume::pwrite(const void *buf, uint32_t count, uint64_t offset)
 	uint64_t done = 0;
 	while (done < count) {
 		const uint64_t at = offset + done;
-		const uint64_t limit = (at / slab_size_ + kMaxPieces) * slab_size_ - at;
-		const uint32_t len =
-			uint32_t(std::min<uint64_t>({count - done, buffer_size_, limit}));
+		const uint32_t len = chunk_len(at, count - done);
 		std::memcpy(ch.buf, src + done, len);
 		if (int r = write_chunk(ch, at, len))
 			return r;

@@ -125,6 +125,8 @@ private:
 
 	Channel &channel();
 	int check_range(uint64_t count, uint64_t offset) const;
+	// Length of the chunk starting at `at` with `left` bytes to go.
+	uint32_t chunk_len(uint64_t at, uint64_t left) const;
 	// Split [offset, offset+len) (len <= buffer_size) into per-slab pieces. Returns count.
 	unsigned split(uint64_t offset, uint32_t len, Piece *out) const;
 	bool valid(const Replica &r) const;
