@@ -13,8 +13,8 @@ export PATH
 umask 022
 
 # Defaults; /etc/rdmaswap-vm.conf overrides them.
-MODE=memory            # memory | tcp | rdma | kill | bench
-BENCH_MODES="rdma tcp memory"
+MODE=memory            # memory | tcp | rdma | kill | bench | pressure | runs | twohost
+RUNS=""                # swap runs, in order: [pressure-][crypt-]memory|tcp|rdma (default: $MODE)
 MIB=256                # swapload working set
 PASSES=2               # swapload verify passes
 SWAPLOAD_ARGS=""       # extra swapload arguments
@@ -25,7 +25,18 @@ ADDR=10.77.0.1
 PORT=7471
 CAPACITY=768M          # memserver --capacity
 SLAB=64M               # memserver --slab-size
-NBD_SIZE=768M          # plugin size=
+NBD_SIZE=""            # plugin size= (default: $CAPACITY)
+PRESSURE_EXTRA=256     # pressure runs: swapload --mib = MemAvailable (MiB) + this
+SEED=0x544e4c50414d4452  # swapload --seed ("RDMAPLNT"); memscan looks for it in the memserver
+CRYPT_NAME=cswap       # crypt runs: /dev/mapper/$CRYPT_NAME over /dev/nbd0
+ROLE=""                # twohost: server | client (rdmaswap.role= on the kernel command line)
+PEER_PORT=7999         # twohost: the VMs' message port (busybox nc)
+CLIENT_ADDR=10.77.0.2  # twohost: VM B's address (VM A, the server, has $ADDR)
+PEER_WAIT=600          # twohost: seconds the server waits for each message of the client
+SERVER_WAIT_PEER=240   # twohost: seconds the client waits for the server's memserver
+DD_MIB=4               # twohost: MiB written to /dev/nbd0 and read back before swapping
+PREFILL=0              # 1: write all of /dev/nbd0 before mkswap (see prefill())
+PLUGIN_ARGS=""         # extra rdmaswap plugin parameters (e.g. timeout=2)
 MEMPLUGIN_SIZE=1G      # nbdkit memory plugin size (memory mode)
 NBDKIT_STATS=0         # 1: add nbdkit's stats filter and print its report
 SERVER_WAIT=60         # seconds to wait for the memserver to answer rdmaswapctl
@@ -36,6 +47,11 @@ KILL_MIB=8             # kill mode: MiB written before the memserver is killed
 KILL_TRANSPORT=rdma    # kill mode: transport of the memserver and the plugin
 [ -r /etc/rdmaswap-vm.conf ] && . /etc/rdmaswap-vm.conf
 [ -n "$MIN_PSWPOUT" ] || MIN_PSWPOUT=$((MIB * 200))
+[ -n "$NBD_SIZE" ] || NBD_SIZE=$CAPACITY
+[ -n "$RUNS" ] || RUNS=$MODE
+# cryptsetup's libdevmapper: no udev in this VM, it makes the /dev/mapper nodes itself
+DM_DISABLE_UDEV=1
+export DM_DISABLE_UDEV
 
 SOCK=/run/nbd.sock
 # Debian's static busybox runs its own applets before searching PATH (FEATURE_SH_STANDALONE):
@@ -47,6 +63,12 @@ MS_PID=""
 NBDKIT_PID=""
 CUR=""                 # label of the current run (memory/tcp/rdma/kill)
 RDMA_OK=0
+SWAPDEV=/dev/nbd0      # /dev/mapper/$CRYPT_NAME in crypt runs
+# Server logs.  Pressure runs send them straight to the console instead: if the VM hangs, this
+# script cannot print them any more.
+MS_LOG=/run/memserver.log
+NBDKIT_LOG=/run/nbdkit.log
+PEER_TOLD=0            # twohost: the other VM has been told our result
 
 say() { echo "vm: $*"; }
 
@@ -81,6 +103,10 @@ file_tail() {   # file_tail FILE N LABEL
 
 diagnostics() {
     file_tail /run/memserver.log 40 "memserver log"
+    if [ -s /run/nbdkit.log ]; then
+        echo "----- nbdkit log (first 20 lines of /run/nbdkit.log) -----"
+        head -n 20 /run/nbdkit.log
+    fi
     file_tail /run/nbdkit.log 40 "nbdkit log"
     file_tail /run/swapload.out 20 "swapload output"
     file_tail /run/ctl.out 30 "rdmaswapctl status"
@@ -91,6 +117,7 @@ diagnostics() {
     echo "----- /proc/swaps -----"
     cat /proc/swaps
     grep -E '^(MemTotal|MemFree|MemAvailable|Mlocked|SwapTotal|SwapFree):' /proc/meminfo
+    grep -E '^(pswpin|pswpout|oom_kill) ' /proc/vmstat
     echo "----- dmesg (last 60 lines) -----"
     dmesg | tail -n 60
     echo "----- end dmesg -----"
@@ -99,6 +126,7 @@ diagnostics() {
 fail() {
     say "FAIL: $*"
     diagnostics
+    peer_tell "FAIL $ROLE: $*"
     finish "FAIL $*"
 }
 
@@ -145,6 +173,49 @@ wait_until() {
 }
 
 vmstat() { sed -n "s/^$1 //p" /proc/vmstat; }
+meminfo_kib() { sed -n "s/^$1:[[:space:]]*\([0-9]*\) kB/\1/p" /proc/meminfo; }
+proc_status_kib() { sed -n "s/^$2:[[:space:]]*\([0-9]*\) kB/\1/p" "/proc/$1/status" 2>/dev/null; }
+
+# size_kib 384M|1G|...: KiB
+size_kib() {
+    case "$1" in
+        *G) echo $((${1%G} * 1024 * 1024)) ;;
+        *M) echo $((${1%M} * 1024)) ;;
+        *K) echo "${1%K}" ;;
+        *) echo $(($1 / 1024)) ;;
+    esac
+}
+
+# twohost: messages between the VMs, one line per TCP connection to $PEER_PORT (busybox nc).
+# peer_send ADDR TEXT [TRIES]: retried once a second (the peer may not be listening yet)
+peer_send() {
+    echo "$2" > /run/peer-out.msg
+    _try=0
+    while [ "$_try" -lt "${3:-30}" ]; do
+        # shellcheck disable=SC2016
+        run_bounded 10 /run/peer-send.log sh -c 'nc -w 5 "$1" "$2" < "$3"' sh "$1" "$PEER_PORT" \
+            /run/peer-out.msg && return 0
+        _try=$((_try + 1))
+        sleep 1
+    done
+    return 1
+}
+
+# peer_recv SECONDS: waits for one message; prints it (empty on time-out)
+peer_recv() {
+    # shellcheck disable=SC2016
+    run_bounded "$1" /run/peer-in.msg sh -c 'nc -l -p "$1" < /dev/null' sh "$PEER_PORT" \
+        || : > /run/peer-in.msg
+    head -n 1 /run/peer-in.msg
+}
+
+# peer_tell TEXT: twohost only, once: tell the other VM that this one failed
+peer_tell() {
+    [ "$MODE" = twohost ] && [ "$PEER_TOLD" = 0 ] || return 0
+    PEER_TOLD=1
+    if [ "$ROLE" = client ]; then _to=$ADDR; else _to=$CLIENT_ADDR; fi
+    peer_send "$_to" "$1" 5 || say "could not tell $_to: $1"
+}
 
 # ---------------------------------------------------------------------------------------------
 # Boot
@@ -159,9 +230,22 @@ mount -t tmpfs -o mode=1777 tmpfs /tmp
 mount -t cgroup2 cgroup2 /sys/fs/cgroup || fail "cannot mount cgroup2"
 hostname rdmaswap-vm
 exec < /dev/console > /dev/console 2>&1
+# every SysRq function: the host sends w/m/l/t through qemu's monitor to a VM about to time out
+echo 1 > /proc/sys/kernel/sysrq
+
+# twohost: the kernel command line says which VM this is
+for _w in $(cat /proc/cmdline); do
+    case "$_w" in rdmaswap.role=*) ROLE=${_w#rdmaswap.role=} ;; esac
+done
+if [ "$MODE" = twohost ]; then
+    case "$ROLE" in
+        server|client) hostname "rdmaswap-$ROLE" ;;
+        *) ROLE=""; fail "twohost: no rdmaswap.role=server|client on the kernel command line" ;;
+    esac
+fi
 
 say "guest up at $(uptime_s) s: kernel $(uname -r), $(nproc) CPUs," \
-    "$(sed -n 's/^MemTotal: *//p' /proc/meminfo) RAM, mode=$MODE mib=$MIB"
+    "$(sed -n 's/^MemTotal: *//p' /proc/meminfo) RAM, mode=$MODE${ROLE:+ role=$ROLE} runs=$RUNS mib=$MIB"
 
 # Kernel modules, in `modprobe --show-depends` order (the host wrote the list).
 while read -r _mod _params; do
@@ -169,17 +253,42 @@ while read -r _mod _params; do
     # shellcheck disable=SC2086
     insmod "$_mod" $_params || fail "insmod $_mod failed"
 done < /etc/rdmaswap-vm/modules
-say "modules loaded: $(wc -l < /etc/rdmaswap-vm/modules)"
+_nopt=0
+if [ -s /etc/rdmaswap-vm/modules-optional ]; then
+    while read -r _mod _params; do
+        [ -n "$_mod" ] || continue
+        # shellcheck disable=SC2086
+        if insmod "$_mod" $_params 2>/dev/null; then
+            _nopt=$((_nopt + 1))
+        else
+            say "optional module ${_mod##*/} not loaded"
+        fi
+    done < /etc/rdmaswap-vm/modules-optional
+fi
+say "modules loaded: $(wc -l < /etc/rdmaswap-vm/modules) + $_nopt optional"
 
 # Network: lo, and a veth pair in the initial namespace; the single Soft-RoCE device sits on veth0
-# and both the memserver and the plugin use its address (rxe loopback).
+# and both the memserver and the plugin use its address (rxe loopback).  twohost: the VMs' virtio
+# NIC eth0 (joined by qemu's socket netdev), VM A (server) $ADDR, VM B (client) $CLIENT_ADDR, and
+# one Soft-RoCE device on each eth0.
 "$IP" link set lo up || fail "ip link set lo up"
-"$IP" link add veth0 type veth peer name veth1 || fail "cannot create the veth pair"
-"$IP" addr add "$ADDR/24" dev veth0 || fail "ip addr add $ADDR/24 dev veth0"
-"$IP" link set veth0 up && "$IP" link set veth1 up || fail "cannot bring veth0/veth1 up"
+if [ "$MODE" = twohost ]; then
+    NETDEV=eth0
+    MYADDR=$ADDR
+    [ "$ROLE" = client ] && MYADDR=$CLIENT_ADDR
+    wait_until 20 test -e /sys/class/net/eth0 || fail "no eth0 (virtio-net) in the VM"
+    "$IP" addr add "$MYADDR/24" dev eth0 || fail "ip addr add $MYADDR/24 dev eth0"
+    "$IP" link set eth0 up || fail "cannot bring eth0 up"
+    say "eth0: $MYADDR, $(cat /sys/class/net/eth0/address)"
+else
+    NETDEV=veth0
+    "$IP" link add veth0 type veth peer name veth1 || fail "cannot create the veth pair"
+    "$IP" addr add "$ADDR/24" dev veth0 || fail "ip addr add $ADDR/24 dev veth0"
+    "$IP" link set veth0 up && "$IP" link set veth1 up || fail "cannot bring veth0/veth1 up"
+fi
 
 port_active() { grep -q ACTIVE /sys/class/infiniband/rxe0/ports/1/state 2>/dev/null; }
-if rdma link add rxe0 type rxe netdev veth0 && wait_until 20 port_active \
+if rdma link add rxe0 type rxe netdev "$NETDEV" && wait_until 20 port_active \
         && [ -e /dev/infiniband/uverbs0 ] && [ -e /dev/infiniband/rdma_cm ]; then
     RDMA_OK=1
     say "Soft-RoCE: $(rdma link show rxe0/1 2>&1)"
@@ -191,20 +300,19 @@ fi
 
 needs_rdma=0
 case "$MODE" in
-    rdma) needs_rdma=1 ;;
     kill) [ "$KILL_TRANSPORT" = rdma ] && needs_rdma=1 ;;
-    bench) case " $BENCH_MODES " in *" rdma "*) needs_rdma=1 ;; esac ;;
+    twohost) needs_rdma=1 ;;
+    *) case " $RUNS " in *"rdma "*) needs_rdma=1 ;; esac ;;
 esac
 if [ "$needs_rdma" = 1 ] && [ "$RDMA_OK" != 1 ]; then
-    fail "Soft-RoCE device rxe0 on veth0 is not usable"
+    fail "Soft-RoCE device rxe0 on $NETDEV is not usable"
 fi
 
-# dmesg must stay clean; in kill mode I/O errors are expected.
+# dmesg must stay clean (no OOM kill either); in kill mode I/O errors are expected.
 check_dmesg() {
-    if [ "$1" = allow-io-errors ]; then
-        _pat='WARNING:|BUG:|blocked for more than|Oops|general protection fault'
-    else
-        _pat='WARNING:|BUG:|blocked for more than|Oops|general protection fault|I/O error'
+    _pat='WARNING:|BUG:|blocked for more than|Oops|general protection fault|Out of memory|oom-kill'
+    if [ "$1" != allow-io-errors ]; then
+        _pat="$_pat|I/O error"
     fi
     _bad=$(dmesg | grep -E "$_pat" | head -n 1)
     [ -z "$_bad" ] || fail "kernel log: $_bad"
@@ -265,7 +373,7 @@ ms_ready() { alive "$MS_PID" && ctl_ok; }
 start_memserver() {
     say "starting rdmaswap-memserver --transport $1 --capacity $CAPACITY --slab-size $SLAB"
     rdmaswap-memserver --listen "$ADDR" --port "$PORT" --capacity "$CAPACITY" \
-        --slab-size "$SLAB" --transport "$1" > /run/memserver.log 2>&1 &
+        --slab-size "$SLAB" --transport "$1" > "$MS_LOG" 2>&1 &
     MS_PID=$!
     echo -1000 > "/proc/$MS_PID/oom_score_adj" 2>/dev/null
     _t0=$(uptime_s)
@@ -293,7 +401,10 @@ stop_memserver() {
     say "memserver stopped"
 }
 
-# start_nbdkit PLUGIN ARGS...: nbdkit --swap backgrounds itself; its pid comes from the pidfile
+# start_nbdkit PLUGIN ARGS...: nbdkit --swap -f in the background.  Not nbdkit's own daemon mode:
+# --swap's mlockall() happens before nbdkit forks into the background, and memory locks are not
+# inherited across fork(2), so a daemonised nbdkit --swap runs with nothing locked (measured:
+# VmLck 0 kB; systemd/rdmaswap-nbdkit.service runs it with -f too).
 start_nbdkit() {
     rm -f "$NBDKIT_PIDFILE" "$SOCK"
     _filters=""
@@ -302,19 +413,31 @@ start_nbdkit() {
         _filters="--filter=stats"     # filter parameters go after the plugin's
         _fargs="statsfile=/run/nbdkit-stats.txt statsappend=true"
     fi
-    say "starting nbdkit --swap${_filters:+ $_filters} $*${_fargs:+ $_fargs}"
+    say "starting nbdkit --swap -f${_filters:+ $_filters} $*${_fargs:+ $_fargs}"
     # Smaller thread stacks: --swap locks every thread's whole stack.
     # shellcheck disable=SC3045  # busybox ash has ulimit -s
     # shellcheck disable=SC2086
-    (ulimit -s 1024; exec nbdkit --swap --log=stderr -P "$NBDKIT_PIDFILE" -U "$SOCK" $_filters "$@" $_fargs) \
-        >> /run/nbdkit.log 2>&1
-    _rc=$?
-    [ "$_rc" = 0 ] || fail "nbdkit failed to start (exit $_rc)"
-    wait_until 30 test -s "$NBDKIT_PIDFILE" || fail "nbdkit wrote no pidfile within 30 s"
-    NBDKIT_PID=$(cat "$NBDKIT_PIDFILE")
+    (ulimit -s 1024; exec nbdkit --swap -f --log=stderr -P "$NBDKIT_PIDFILE" -U "$SOCK" $_filters "$@" $_fargs) \
+        >> "$NBDKIT_LOG" 2>&1 &
+    NBDKIT_PID=$!
     echo -1000 > "/proc/$NBDKIT_PID/oom_score_adj" 2>/dev/null
-    wait_until 30 test -S "$SOCK" || fail "nbdkit socket $SOCK missing"
-    alive "$NBDKIT_PID" || fail "nbdkit exited right after start"
+    if ! wait_until 60 eval 'test -S "$SOCK" && test -s "$NBDKIT_PIDFILE" || ! alive $NBDKIT_PID'; then
+        fail "nbdkit made no socket $SOCK within 60 s"
+    fi
+    if ! alive "$NBDKIT_PID"; then
+        wait "$NBDKIT_PID"
+        _rc=$?
+        NBDKIT_PID=""
+        fail "nbdkit failed to start (exit $_rc)"
+    fi
+    [ "$(cat "$NBDKIT_PIDFILE")" = "$NBDKIT_PID" ] \
+        || fail "nbdkit's pidfile says $(cat "$NBDKIT_PIDFILE"), expected $NBDKIT_PID"
+    # --swap: everything nbdkit has mapped is locked
+    _lck=$(proc_status_kib "$NBDKIT_PID" VmLck)
+    _rss=$(proc_status_kib "$NBDKIT_PID" VmRSS)
+    say "nbdkit pid $NBDKIT_PID: VmLck ${_lck:-?} kB, VmRSS ${_rss:-?} kB"
+    [ -n "$_lck" ] && [ -n "$_rss" ] && [ $((_lck * 10)) -ge $((_rss * 9)) ] \
+        || fail "nbdkit --swap is not locked in memory: VmLck ${_lck:-?} kB, VmRSS ${_rss:-?} kB"
 }
 
 stop_nbdkit() {
@@ -324,6 +447,7 @@ stop_nbdkit() {
         kill -9 "$NBDKIT_PID" 2>/dev/null
         fail "nbdkit did not exit within 30 s of SIGTERM"
     fi
+    wait "$NBDKIT_PID" 2>/dev/null   # reap it (it is our child now)
     NBDKIT_PID=""
     if [ "$NBDKIT_STATS" = 1 ] && [ -s /run/nbdkit-stats.txt ]; then
         sed "s/^/nbdkit-stats[$CUR]: /" /run/nbdkit-stats.txt
@@ -365,7 +489,8 @@ setup_backend() {
             ;;
         tcp|rdma)
             start_memserver "$1"
-            start_nbdkit rdmaswap "server=$ADDR:$PORT" "size=$NBD_SIZE" "transport=$1"
+            # shellcheck disable=SC2086
+            start_nbdkit rdmaswap "server=$ADDR:$PORT" "size=$NBD_SIZE" "transport=$1" $PLUGIN_ARGS
             ;;
     esac
 }
@@ -375,16 +500,60 @@ teardown_backend() {
     stop_memserver
 }
 
+# crypt_open: what crypttab's `swap` option does: plain dm-crypt with a random key, over /dev/nbd0
+crypt_open() {
+    run_bounded 60 /run/cryptsetup.log cryptsetup open --type plain --key-file /dev/urandom \
+        --cipher aes-xts-plain64 --key-size 512 /dev/nbd0 "$CRYPT_NAME"
+    _rc=$?
+    cat /run/cryptsetup.log
+    [ "$_rc" = 0 ] || fail "cryptsetup open --type plain /dev/nbd0 $CRYPT_NAME failed (exit $_rc)"
+    [ -b "/dev/mapper/$CRYPT_NAME" ] || fail "/dev/mapper/$CRYPT_NAME missing after cryptsetup open"
+    run_bounded 30 /run/cryptsetup-status.log cryptsetup status "$CRYPT_NAME"
+    sed 's/^/cryptsetup status: /' /run/cryptsetup-status.log
+    grep -q 'cipher: *aes-xts-plain64' /run/cryptsetup-status.log \
+        && grep -q 'device: *\/dev\/nbd0' /run/cryptsetup-status.log \
+        || fail "cryptsetup status $CRYPT_NAME: not aes-xts-plain64 over /dev/nbd0"
+}
+
+crypt_close() {
+    run_bounded 60 /run/cryptsetup.log cryptsetup close "$CRYPT_NAME" \
+        || { cat /run/cryptsetup.log; fail "cryptsetup close $CRYPT_NAME failed or hung"; }
+}
+
+swap_used_kib() { awk -v d="$SWAPDEV" '$1 == d { print $4 }' /proc/swaps; }
+
+# prefill: write the whole of /dev/nbd0 once before it becomes swap, so that the plugin holds every
+# slab (and the memserver has registered every slab's memory region) before any memory pressure:
+# no slab grant, no ibv_reg_mr on the swap-out path.  A diagnostic workaround (--prefill), not the
+# default: without it, whole-VM pressure with the memserver in the same VM can deadlock (README).
+prefill() {
+    _mib=$(($(cat /sys/block/nbd0/size) / 2048))
+    _t0=$(uptime_s)
+    run_bounded 600 /run/prefill.log dd if=/dev/zero of=/dev/nbd0 bs=1M count="$_mib" conv=fsync \
+        || { cat /run/prefill.log; fail "prefill: writing $_mib MiB of zeros to /dev/nbd0 failed"; }
+    say "prefill: $_mib MiB written to /dev/nbd0 in $(elapsed "$_t0" "$(uptime_s)") s"
+    echo 3 > /proc/sys/vm/drop_caches
+}
+
+# swap_on [crypt]: /dev/nbd0 (or dm-crypt over it) as swap
 swap_on() {
     nbd_connect -swap
-    mkswap /dev/nbd0 > /run/mkswap.log 2>&1 || { cat /run/mkswap.log; fail "mkswap /dev/nbd0 failed"; }
-    swapon /dev/nbd0 || fail "swapon /dev/nbd0 failed"
-    grep -q '^/dev/nbd0 ' /proc/swaps || fail "/dev/nbd0 not in /proc/swaps after swapon"
+    [ "$PREFILL" = 1 ] && prefill
+    SWAPDEV=/dev/nbd0
+    if [ "$1" = crypt ]; then
+        crypt_open
+        SWAPDEV=/dev/mapper/$CRYPT_NAME
+    fi
+    mkswap "$SWAPDEV" > /run/mkswap.log 2>&1 || { cat /run/mkswap.log; fail "mkswap $SWAPDEV failed"; }
+    swapon "$SWAPDEV" || fail "swapon $SWAPDEV failed"
+    [ -n "$(swap_used_kib)" ] || { cat /proc/swaps; fail "$SWAPDEV not in /proc/swaps after swapon"; }
 }
 
 swap_off() {
-    run_bounded 180 /run/swapoff.log swapoff /dev/nbd0 \
-        || { cat /run/swapoff.log; fail "swapoff /dev/nbd0 failed or hung"; }
+    run_bounded 180 /run/swapoff.log swapoff "$SWAPDEV" \
+        || { cat /run/swapoff.log; fail "swapoff $SWAPDEV failed or hung"; }
+    [ "$SWAPDEV" = /dev/nbd0 ] || crypt_close
+    SWAPDEV=/dev/nbd0
     nbd_disconnect
 }
 
@@ -394,7 +563,7 @@ ctl_value() { sed -n "s/^$1=//p" /run/ctl.out | head -n 1; }
 in_cgroup_swapload() {
     # shellcheck disable=SC2016,SC2086
     sh -c 'echo $$ > "$1/cgroup.procs" || exit 3; shift; exec swapload "$@"' \
-        sh "$CG" --mib "$MIB" --passes "$PASSES" $SWAPLOAD_ARGS
+        sh "$CG" --mib "$MIB" --passes "$PASSES" --seed "$SEED" $SWAPLOAD_ARGS
 }
 
 # swap_workload LABEL: runs swapload in the memory-limited cgroup and checks the results.
@@ -415,7 +584,7 @@ swap_workload() {
     W_SECS=$(elapsed "$_t0" "$_t1")
     cat /run/swapload.out
     say "[$1] swapload exit $_rc in $W_SECS s: pswpout +$W_OUT pswpin +$W_IN pages;" \
-        "swap used $(awk '$1 == "/dev/nbd0" { print $4 }' /proc/swaps) KiB now"
+        "swap used $(swap_used_kib) KiB now"
     [ "$_rc" = 124 ] && fail "[$1] swapload did not finish within $WORK_TIMEOUT s"
     [ "$_rc" = 137 ] && fail "[$1] swapload was killed (OOM?): $(tr '\n' ' ' < "$CG/memory.events")"
     grep -q '^swapload: OK pages=' /run/swapload.out \
@@ -425,6 +594,78 @@ swap_workload() {
         || fail "[$1] pswpout grew by $W_OUT pages, expected >= $MIN_PSWPOUT"
     [ "$W_IN" -gt 0 ] || fail "[$1] pswpin did not grow"
     rmdir "$CG" 2>/dev/null
+    W_MIB=$MIB
+}
+
+meminfo_line() {
+    echo "MemTotal $(meminfo_kib MemTotal) MemFree $(meminfo_kib MemFree)" \
+        "MemAvailable $(meminfo_kib MemAvailable) Mlocked $(meminfo_kib Mlocked)" \
+        "SwapFree $(meminfo_kib SwapFree) (kB)"
+}
+
+# pressure_workload LABEL: memory pressure on the whole VM (no cgroup).  The memserver's pool is
+# allocated and locked by now (checked), nbdkit runs with --swap; swapload then needs
+# MemAvailable + PRESSURE_EXTRA MiB, so at least PRESSURE_EXTRA MiB must go to swap.
+# Sets W_SECS, W_OUT, W_IN, W_MIB.
+pressure_workload() {
+    if [ -n "$MS_PID" ]; then
+        _lck=$(proc_status_kib "$MS_PID" VmLck)
+        _cap=$(size_kib "$CAPACITY")
+        say "[$1] memserver VmLck ${_lck:-?} kB (capacity $_cap kB)," \
+            "nbdkit VmLck $(proc_status_kib "$NBDKIT_PID" VmLck) kB"
+        [ "${_lck:-0}" -ge "$_cap" ] \
+            || fail "[$1] the memserver's pool is not locked: VmLck ${_lck:-?} kB < capacity $_cap kB"
+    fi
+    _avail=$(meminfo_kib MemAvailable)
+    W_MIB=$((_avail / 1024 + PRESSURE_EXTRA))
+    _min=$((PRESSURE_EXTRA * 128))   # half of the overflow, in pages
+    say "[$1] $(meminfo_line); min_free_kbytes $(cat /proc/sys/vm/min_free_kbytes)"
+    _out0=$(vmstat pswpout)
+    _in0=$(vmstat pswpin)
+    say "[$1] swapload --mib $W_MIB (MemAvailable + $PRESSURE_EXTRA MiB) --passes $PASSES," \
+        "no cgroup: the whole VM is short of memory"
+    _t0=$(uptime_s)
+    # shellcheck disable=SC2086
+    run_bounded "$WORK_TIMEOUT" /run/swapload.out \
+        swapload --mib "$W_MIB" --passes "$PASSES" --seed "$SEED" $SWAPLOAD_ARGS
+    _rc=$?
+    _t1=$(uptime_s)
+    W_OUT=$(($(vmstat pswpout) - _out0))
+    W_IN=$(($(vmstat pswpin) - _in0))
+    W_SECS=$(elapsed "$_t0" "$_t1")
+    cat /run/swapload.out
+    say "[$1] swapload exit $_rc in $W_SECS s: pswpout +$W_OUT pswpin +$W_IN pages;" \
+        "swap used $(swap_used_kib) KiB now; $(meminfo_line)"
+    [ "$_rc" = 124 ] && fail "[$1] swapload did not finish within $WORK_TIMEOUT s (whole-VM pressure: hang?)"
+    alive "$NBDKIT_PID" || fail "[$1] nbdkit died during the pressure run"
+    [ -z "$MS_PID" ] || alive "$MS_PID" || fail "[$1] the memserver died during the pressure run"
+    [ "$_rc" = 137 ] && fail "[$1] swapload was killed (OOM?): $(dmesg | grep -m1 -E 'Killed process|oom-kill')"
+    grep -q '^swapload: OK pages=' /run/swapload.out \
+        || fail "[$1] $(grep -m1 'MISMATCH' /run/swapload.out || echo "exit $_rc, no OK line")"
+    [ "$_rc" = 0 ] || fail "[$1] swapload exit status $_rc"
+    [ "$W_OUT" -ge "$_min" ] || fail "[$1] pswpout grew by $W_OUT pages, expected >= $_min"
+    [ "$W_IN" -gt 0 ] || fail "[$1] pswpin did not grow"
+}
+
+# plaintext_check LABEL crypt|plain: count swapload's pages in the local memserver's memory.
+# Without dm-crypt the swapped-out pages are there one for one (this also proves the scan works);
+# through dm-crypt there must be none.
+plaintext_check() {
+    [ -n "$MS_PID" ] || return 0
+    if ! command -v memscan > /dev/null 2>&1; then
+        say "[$1] memscan not in the image; skipping the plaintext check"
+        return 0
+    fi
+    run_bounded 120 /run/memscan.out memscan --pid "$MS_PID" --seed "$SEED" \
+        || { cat /run/memscan.out; fail "[$1] memscan of the memserver failed"; }
+    say "[$1] $(cat /run/memscan.out)"
+    _n=$(sed -n 's/.* pages=\([0-9]*\) .*/\1/p' /run/memscan.out)
+    [ -n "$_n" ] || fail "[$1] memscan printed no page count"
+    if [ "$2" = crypt ]; then
+        [ "$_n" = 0 ] || fail "[$1] the memserver holds $_n swapload pages in plaintext behind dm-crypt"
+    else
+        [ "$_n" -gt 0 ] || fail "[$1] memscan found no swapload page in the memserver without dm-crypt (the plaintext check cannot be trusted)"
+    fi
 }
 
 check_server_stats() {   # check_server_stats tcp|rdma
@@ -441,18 +682,40 @@ check_server_stats() {   # check_server_stats tcp|rdma
     fi
 }
 
-# one_swap_run LABEL: set up, swap, check, tear down.  Appends a line to /run/bench.txt.
+# one_swap_run RUN: RUN is [pressure-][crypt-]memory|tcp|rdma: the workload in the memory-limited
+# cgroup, or (pressure-) on the whole VM; the swap device /dev/nbd0, or (crypt-) dm-crypt over it.
+# Sets up, swaps, checks, tears down.  Appends a line to /run/bench.txt.
 one_swap_run() {
-    say "===== $1: swap over NBD ====="
-    setup_backend "$1"
-    swap_on
-    swap_workload "$1"
-    case "$1" in tcp|rdma) check_server_stats "$1" ;; esac
+    _run=$1
+    _kind=cgroup
+    _crypt=plain
+    case "$_run" in pressure-*) _kind=pressure; _run=${_run#pressure-} ;; esac
+    case "$_run" in crypt-*) _crypt=crypt; _run=${_run#crypt-} ;; esac
+    case "$_run" in memory|tcp|rdma) ;; *) fail "unknown run '$1'" ;; esac
+    say "===== $1: swap over NBD ($_run, $_kind, $_crypt) ====="
+    if [ "$_kind" = pressure ]; then
+        MS_LOG=/dev/console
+        NBDKIT_LOG=/dev/console
+        # if something hangs: the hung-task reports with their stacks (KERN_INFO) on the console
+        dmesg -n 7
+    fi
+    setup_backend "$_run"
+    CUR=$1
+    swap_on "$_crypt"
+    if [ "$_kind" = pressure ]; then
+        pressure_workload "$1"
+    else
+        swap_workload "$1"
+    fi
+    case "$_run" in tcp|rdma) check_server_stats "$_run"; plaintext_check "$1" "$_crypt" ;; esac
     check_dmesg
     swap_off
     teardown_backend
     check_dmesg
-    echo "$1 $W_SECS $W_OUT $W_IN" >> /run/bench.txt
+    echo "$1 $W_SECS $W_OUT $W_IN $W_MIB" >> /run/bench.txt
+    MS_LOG=/run/memserver.log
+    NBDKIT_LOG=/run/nbdkit.log
+    dmesg -n 5
     say "[$1] PASS: $W_SECS s, pswpout +$W_OUT, pswpin +$W_IN"
 }
 
@@ -501,16 +764,118 @@ kill_test() {
 }
 
 print_bench() {
-    echo "RDMASWAP-VM-BENCH: mib=$MIB passes=$PASSES memory.max=$CG_MAX"
+    echo "RDMASWAP-VM-BENCH: passes=$PASSES memory.max=$CG_MAX (cgroup runs)"
     awk '
-        { mode[NR] = $1; secs[NR] = $2; out[NR] = $3; inn[NR] = $4; if ($1 == "memory") base = $2 }
+        { mode[NR] = $1; secs[NR] = $2; out[NR] = $3; inn[NR] = $4; mib[NR] = $5; if ($1 == "memory") base = $2 }
         END {
-            printf "RDMASWAP-VM-BENCH: %-8s %9s %9s %9s %10s\n", "mode", "seconds", "pswpout", "pswpin", "vs-memory"
+            printf "RDMASWAP-VM-BENCH: %-20s %6s %9s %9s %9s %10s\n", "run", "mib", "seconds", "pswpout", "pswpin", "vs-memory"
             for (i = 1; i <= NR; i++) {
                 r = (base > 0) ? sprintf("%.2f", secs[i] / base) : "n/a"
-                printf "RDMASWAP-VM-BENCH: %-8s %9.2f %9d %9d %10s\n", mode[i], secs[i], out[i], inn[i], r
+                printf "RDMASWAP-VM-BENCH: %-20s %6d %9.2f %9d %9d %10s\n", mode[i], mib[i], secs[i], out[i], inn[i], r
             }
         }' /run/bench.txt
+}
+
+# ---------------------------------------------------------------------------------------------
+# twohost: VM A (server) runs the memserver on its eth0/rxe0; VM B (client) runs nbdkit with the
+# plugin over RDMA, nbd-client and swap.  The VMs talk through qemu's socket netdev (the host's
+# loopback).  Messages (peer_send/peer_recv): B -> A "scan" once B's swap run is done and its
+# pages are still in A's pool; A scans its memserver and answers "scanned N"; B tears down and
+# sends "done"; A stops its memserver.  Either side sends "FAIL ..." when it fails.
+
+twohost_server() {
+    CUR=server
+    _ib=""
+    if command -v ib_read_lat > /dev/null 2>&1; then
+        ib_read_lat -d rxe0 -x 1 -s 4096 -n 50 > /run/ib-server.log 2>&1 &
+        _ib=$!
+    fi
+    start_memserver rdma
+    say "[server] waiting up to $PEER_WAIT s for the client"
+    _msg=$(peer_recv "$PEER_WAIT")
+    [ -z "$_ib" ] || kill -9 "$_ib" 2>/dev/null
+    case "$_msg" in
+        scan) ;;
+        FAIL*) PEER_TOLD=1; fail "[server] the client failed: ${_msg#FAIL }" ;;
+        *) fail "[server] no scan request from the client within $PEER_WAIT s (got '${_msg}')" ;;
+    esac
+    ctl_ok && sed 's/^/[server] status: /' /run/ctl.out
+    run_bounded 120 /run/memscan.out memscan --pid "$MS_PID" --seed "$SEED"
+    _rc=$?
+    say "[server] $(cat /run/memscan.out)"
+    _scanned=$(sed -n 's/.* pages=\([0-9]*\) .*/\1/p' /run/memscan.out)
+    peer_send "$CLIENT_ADDR" "scanned ${_scanned:-none}" || fail "[server] cannot reach the client"
+    [ "$_rc" = 0 ] && [ -n "$_scanned" ] || fail "[server] memscan of the memserver failed (exit $_rc)"
+    [ "$_scanned" -gt 0 ] || fail "[server] none of the client's swapped pages is in this memserver's pool"
+    _msg=$(peer_recv "$PEER_WAIT")
+    case "$_msg" in
+        "done PASS") ;;
+        FAIL*) PEER_TOLD=1; fail "[server] the client failed: ${_msg#FAIL }" ;;
+        *) fail "[server] no done message from the client within $PEER_WAIT s (got '${_msg}')" ;;
+    esac
+    PEER_TOLD=1
+    ctl_ok || fail "[server] rdmaswapctl status failed at the end"
+    _rb=$(ctl_value tcp_read_bytes)
+    _wb=$(ctl_value tcp_write_bytes)
+    [ "$_rb" = 0 ] && [ "$_wb" = 0 ] \
+        || fail "[server] memserver CPU moved pages: tcp_read_bytes=${_rb:-missing} tcp_write_bytes=${_wb:-missing}"
+    stop_memserver
+    check_dmesg
+    say "[server] PASS: the client's $_scanned swapped pages were in this pool, no TCP data bytes"
+}
+
+twohost_client() {
+    CUR=client
+    _t0=$(uptime_s)
+    wait_until "$SERVER_WAIT_PEER" ctl_ok \
+        || fail "[client] the memserver on $ADDR did not answer within $SERVER_WAIT_PEER s"
+    say "[client] memserver on $ADDR answers after $(elapsed "$_t0" "$(uptime_s)") s"
+    if command -v ib_read_lat > /dev/null 2>&1; then
+        run_bounded 60 /run/ib-client.log ib_read_lat -d rxe0 -x 1 -s 4096 -n 50 "$ADDR" \
+            || { cat /run/ib-client.log; fail "[client] ib_read_lat to $ADDR over rxe0 failed (Soft-RoCE between the VMs)"; }
+        say "[client] Soft-RoCE between the VMs: 4 KiB RDMA READ latency (usec):" \
+            "$(awk '$1 == 4096 { print "typical", $5, "max", $4 }' /run/ib-client.log)"
+    fi
+    : > /run/nbdkit.log
+    # shellcheck disable=SC2086
+    start_nbdkit rdmaswap "server=$ADDR:$PORT" "size=$NBD_SIZE" transport=rdma $PLUGIN_ARGS
+
+    # plain block I/O first: a few MiB written, read back after dropping the page cache
+    nbd_connect
+    dd if=/dev/urandom of=/run/pattern bs=1M count="$DD_MIB" 2> /dev/null
+    _t0=$(uptime_s)
+    run_bounded 300 /run/dd-write.log dd if=/run/pattern of=/dev/nbd0 bs=1M conv=fsync \
+        || { cat /run/dd-write.log; fail "[client] writing $DD_MIB MiB to /dev/nbd0 failed"; }
+    _t1=$(uptime_s)
+    echo 3 > /proc/sys/vm/drop_caches
+    run_bounded 300 /run/dd-read.log dd if=/dev/nbd0 of=/run/readback bs=1M count="$DD_MIB" \
+        || { cat /run/dd-read.log; fail "[client] reading back /dev/nbd0 failed"; }
+    _t2=$(uptime_s)
+    cmp /run/pattern /run/readback || fail "[client] /dev/nbd0 read back different bytes"
+    rm -f /run/pattern /run/readback
+    say "[client] $DD_MIB MiB written in $(elapsed "$_t0" "$_t1") s and read back intact in" \
+        "$(elapsed "$_t1" "$_t2") s"
+    nbd_disconnect
+
+    # then swap: the workload in a small cgroup
+    swap_on plain
+    swap_workload twohost
+    check_server_stats rdma
+    check_dmesg
+    peer_send "$ADDR" scan || fail "[client] cannot reach the server to ask for the scan"
+    _msg=$(peer_recv 180)
+    say "[client] server: $_msg"
+    case "$_msg" in
+        scanned*) ;;
+        FAIL*) PEER_TOLD=1; fail "[client] the server failed: ${_msg#FAIL }" ;;
+        *) fail "[client] no answer to the scan request within 180 s" ;;
+    esac
+    swap_off
+    stop_nbdkit
+    check_dmesg
+    PEER_TOLD=1
+    peer_send "$ADDR" "done PASS" || fail "[client] cannot tell the server that it is done"
+    say "[client] PASS: $W_SECS s, pswpout +$W_OUT, pswpin +$W_IN"
 }
 
 # ---------------------------------------------------------------------------------------------
@@ -518,25 +883,27 @@ print_bench() {
 
 : > /run/bench.txt
 case "$MODE" in
-    memory|tcp)
-        one_swap_run "$MODE"
-        ;;
     rdma)
         rdma_sanity
         run_rdma_tests
         check_dmesg
-        one_swap_run rdma
+        for _m in $RUNS; do
+            one_swap_run "$_m"
+        done
+        ;;
+    memory|tcp|pressure|runs|bench)
+        [ "$needs_rdma" = 1 ] && rdma_sanity
+        for _m in $RUNS; do
+            one_swap_run "$_m"
+        done
+        case "$MODE" in memory|tcp) ;; *) print_bench ;; esac
         ;;
     kill)
         [ "$KILL_TRANSPORT" = rdma ] && rdma_sanity
         kill_test
         ;;
-    bench)
-        case " $BENCH_MODES " in *" rdma "*) rdma_sanity ;; esac
-        for _m in $BENCH_MODES; do
-            one_swap_run "$_m"
-        done
-        print_bench
+    twohost)
+        if [ "$ROLE" = server ]; then twohost_server; else twohost_client; fi
         ;;
     *)
         fail "unknown mode '$MODE'"

@@ -10,25 +10,48 @@ set -euo pipefail
 
 usage() {
     cat <<'EOF'
-usage: run-vm-test.sh [--mode rdma|tcp|memory|kill] [--bench] [--mib N] [--keep] [options]
+usage: run-vm-test.sh [--mode rdma|tcp|memory|kill|pressure|twohost] [--bench] [--mib N] [options]
 
   --mode M          rdma (default): rdmaswap over Soft-RoCE, plus rdmaswap-rdma-tests
                     tcp: rdmaswap over TCP;  memory: nbdkit memory plugin (harness baseline)
                     kill: kill -9 the memserver under a live /dev/nbd0, expect EIO, no hang
+                    pressure: memory pressure on the whole VM (no cgroup), see --transport
+                    twohost: two VMs joined by a qemu socket netdev: VM A runs the memserver,
+                    VM B nbdkit + plugin over RDMA, nbd-client and swap (a few MiB only)
+  --transport L     pressure: comma-separated transports, run in this order in one boot:
+                    rdma (default), tcp, memory
+  --crypt           swap through dm-crypt (plain, random key, aes-xts-plain64) over /dev/nbd0,
+                    in every swap run of the mode; checks the memserver holds no plaintext
+  --prefill         write all of /dev/nbd0 before mkswap, so that every slab is granted (and its
+                    memory region registered) before the workload: a diagnostic workaround for
+                    the slab-grant deadlock under whole-VM pressure (see README)
+  --plugin-args S   extra rdmaswap plugin parameters, e.g. "timeout=2"
+  --runs L          one boot, these swap runs in order (comma-separated), then a table; a run
+                    is [pressure-][crypt-]rdma|tcp|memory, e.g. pressure-rdma,pressure-tcp,crypt-rdma
   --bench           one boot, the swap workload over rdma, tcp and memory; prints a table
   --bench-modes L   comma-separated subset/order for --bench (default rdma,tcp,memory)
-  --mib N           swapload working set in MiB (default 256; cgroup memory.max is 64M)
+  --mib N           swapload working set in MiB of the cgroup runs (default 256; twohost 24)
+  --cg-max SIZE     memory.max of the workload cgroup (default 64M; twohost 8M)
+  --pressure-extra N  pressure runs: swapload needs MemAvailable + N MiB (default 256)
+  --capacity SIZE   memserver --capacity and plugin size= (default 768M; with pressure runs
+                    384M; twohost 256M)
   --passes P        swapload verify passes (default 2)
   --rewrite         swapload rewrites every page in each pass (more swap-out traffic)
   --swapload-args S extra swapload arguments (e.g. "--inject zero" to see a FAIL)
-  --min-pswpout N   pages of pswpout required (default N*200, i.e. 200 MiB for 256 MiB)
+  --min-pswpout N   pages of pswpout required of a cgroup run (default N*200, i.e. 200 MiB for
+                    256 MiB; with another --cg-max 3/4 of N minus memory.max)
   --conns N         nbd-client -C N (default 1)
   --kill-transport T  transport of --mode kill: rdma (default) or tcp
   --stats           put nbdkit's stats filter in front of the plugin and print its report
-  --timeout S       wall-clock limit for the VM (default 600 s; --bench: 200 + 450 per mode)
-  --mem MIB         VM memory (default 2048)
-  --smp N           VM CPUs (default 2)
-  --log FILE        serial console log (default $RDMASWAP_BUILD/vm-test-logs/<mode>.log)
+  --timeout S       wall-clock limit for the VM (default 600 s; --bench, --runs, pressure:
+                    200 + 450 per run)
+  --mem MIB         VM memory (default 2048; with pressure runs 1024; twohost 768 each)
+  --smp N           VM CPUs (default 2; twohost 1 each)
+  --port N          twohost: host loopback TCP port of the socket netdev (default: a free one)
+  --sysrq-before S  a VM still running S seconds before --timeout gets SysRq w,m,l,t through
+                    qemu's monitor, to show on its console where it hangs (default 45; 0: never)
+  --log FILE        serial console log (default $RDMASWAP_BUILD/vm-test-logs/<mode>.log;
+                    twohost: FILE for VM B and FILE with -server before .log for VM A)
   --keep            keep the temporary directory (initramfs tree, image)
   --force           boot even if the plugin's --dump-plugin says rdmaswap_rdma=no
   --verbose         stream the console while the VM runs (default when stdout is a terminal)
@@ -40,7 +63,16 @@ EOF
 MODE=rdma
 BENCH=0
 BENCH_MODES=rdma,tcp,memory
-MIB=256
+TRANSPORTS=rdma
+CRYPT=0
+PREFILL=0
+PLUGIN_ARGS=""
+RUNS=""
+MIB=""
+CG_MAX=""
+PRESSURE_EXTRA=256
+CAPACITY=""
+PORT=""
 PASSES=2
 REWRITE=0
 SWAPLOAD_EXTRA=""
@@ -49,11 +81,12 @@ CONNS=1
 KILL_TRANSPORT=rdma
 STATS=0
 TIMEOUT=""
-MEM=2048
-SMP=2
+MEM=""
+SMP=""
 LOG=""
 KEEP=0
 FORCE=0
+SYSRQ_BEFORE=45
 VERBOSE=""
 
 die() { echo "run-vm-test: ERROR: $*" >&2; exit 1; }
@@ -67,7 +100,17 @@ while [ $# -gt 0 ]; do
         --mode=*) MODE=${1#*=} ;;
         --bench) BENCH=1 ;;
         --bench-modes) BENCH_MODES=${2:?}; shift ;;
+        --transport) TRANSPORTS=${2:?}; shift ;;
+        --crypt) CRYPT=1 ;;
+        --prefill) PREFILL=1 ;;
+        --plugin-args) PLUGIN_ARGS=${2?}; shift ;;
+        --runs) RUNS=${2:?}; MODE=runs; shift ;;
         --mib) MIB=${2:?}; shift ;;
+        --cg-max) CG_MAX=${2:?}; shift ;;
+        --pressure-extra) PRESSURE_EXTRA=${2:?}; shift ;;
+        --capacity) CAPACITY=${2:?}; shift ;;
+        --port) PORT=${2:?}; shift ;;
+        --sysrq-before) SYSRQ_BEFORE=${2:?}; shift ;;
         --passes) PASSES=${2:?}; shift ;;
         --rewrite) REWRITE=1 ;;
         --swapload-args) SWAPLOAD_EXTRA=${2?}; shift ;;
@@ -89,27 +132,75 @@ while [ $# -gt 0 ]; do
     shift
 done
 
-case "$MODE" in rdma|tcp|memory|kill) ;; *) die "--mode must be rdma, tcp, memory or kill" ;; esac
+case "$MODE" in
+    rdma|tcp|memory|kill|pressure|twohost|runs) ;;
+    *) die "--mode must be rdma, tcp, memory, kill, pressure or twohost" ;;
+esac
 case "$KILL_TRANSPORT" in rdma|tcp) ;; *) die "--kill-transport must be rdma or tcp" ;; esac
+[ "$BENCH" = 0 ] || [ "$MODE" != runs ] || die "--bench and --runs do not combine"
+[ "$CRYPT" = 0 ] || [ "$MODE" != runs ] || die "--crypt and --runs do not combine (name the runs crypt-...)"
+case "$MODE" in kill|twohost) [ "$CRYPT" = 0 ] || die "--crypt does not apply to --mode $MODE" ;; esac
+
+# The swap runs of this boot (guest RUNS): [pressure-][crypt-]rdma|tcp|memory
+cpfx=""
+[ "$CRYPT" = 0 ] || cpfx=crypt-
+if [ "$BENCH" = 1 ]; then
+    MODE=bench
+    RUNS=""
+    for m in ${BENCH_MODES//,/ }; do RUNS+=" $cpfx$m"; done
+else
+    case "$MODE" in
+        rdma|tcp|memory) RUNS=$cpfx$MODE ;;
+        pressure) RUNS=""; for t in ${TRANSPORTS//,/ }; do RUNS+=" pressure-$cpfx$t"; done ;;
+        runs) RUNS=${RUNS//,/ } ;;
+        kill|twohost) RUNS="" ;;
+    esac
+fi
+RUNS=$(xargs <<< "$RUNS")   # trim
+has_pressure=0 has_cgroup=0 has_crypt=0 run_transports=""
+for r in $RUNS; do
+    t=$r
+    case "$t" in pressure-*) has_pressure=1; t=${t#pressure-} ;; *) has_cgroup=1 ;; esac
+    case "$t" in crypt-*) has_crypt=1; t=${t#crypt-} ;; esac
+    case "$t" in rdma|tcp|memory) run_transports+=" $t" ;; *) die "unknown swap run '$r' (want [pressure-][crypt-]rdma|tcp|memory)" ;; esac
+done
+[ "$MODE" != twohost ] || has_cgroup=1
+case "$MODE" in kill|twohost) ;; *) [ -n "$RUNS" ] || die "no swap runs given" ;; esac
+
+# Defaults that depend on the mode
+if [ "$MODE" = twohost ]; then
+    : "${MIB:=24}" "${CG_MAX:=8M}" "${MEM:=768}" "${SMP:=1}" "${CAPACITY:=256M}"
+elif [ "$has_pressure" = 1 ]; then
+    : "${MIB:=256}" "${CG_MAX:=64M}" "${MEM:=1024}" "${SMP:=2}" "${CAPACITY:=384M}"
+else
+    : "${MIB:=256}" "${CG_MAX:=64M}" "${MEM:=2048}" "${SMP:=2}" "${CAPACITY:=768M}"
+fi
 if [ -z "$TIMEOUT" ]; then
     TIMEOUT=600
-    if [ "$BENCH" = 1 ]; then
-        n=$(wc -w <<< "${BENCH_MODES//,/ }")
+    if [ "$BENCH" = 1 ] || [ "$MODE" = runs ] || [ "$MODE" = pressure ]; then
+        n=$(wc -w <<< "$RUNS")
         TIMEOUT=$((200 + 450 * n))
     fi
 fi
-for v in MIB PASSES CONNS TIMEOUT MEM SMP; do
+is_uint "$SYSRQ_BEFORE" || die "--sysrq-before needs an integer"
+for v in MIB PASSES CONNS TIMEOUT MEM SMP PRESSURE_EXTRA; do
     is_uint "${!v}" && [ "${!v}" -gt 0 ] || die "--${v,,} needs a positive integer"
 done
-[ "$MIB" -gt 80 ] || die "--mib must be above 80: the workload cgroup's memory.max is 64M"
+[[ "$CG_MAX" =~ ^[0-9]+M$ ]] || die "--cg-max needs a size in MiB like 64M"
+[[ "$CAPACITY" =~ ^[0-9]+[MG]$ ]] || die "--capacity needs a size like 384M or 1G"
+[ -z "$PORT" ] || { is_uint "$PORT" && [ "$PORT" -gt 1023 ] && [ "$PORT" -lt 65536 ]; } \
+    || die "--port needs a TCP port number above 1023"
+CG_MIB=${CG_MAX%M}
+if [ "$has_cgroup" = 1 ] && [ "$MIB" -lt $((CG_MIB + 16)) ]; then
+    die "--mib must be at least $((CG_MIB + 16)): the workload cgroup's memory.max is $CG_MAX"
+fi
 [ -z "$MIN_PSWPOUT" ] || is_uint "$MIN_PSWPOUT" || die "--min-pswpout needs an integer"
-[ -n "$MIN_PSWPOUT" ] || MIN_PSWPOUT=$((MIB * 200))
-if [ "$BENCH" = 1 ]; then
-    MODE=bench
-    BENCH_MODES=${BENCH_MODES//,/ }
-    for m in $BENCH_MODES; do
-        case "$m" in rdma|tcp|memory) ;; *) die "--bench-modes: unknown mode '$m'" ;; esac
-    done
+if [ -z "$MIN_PSWPOUT" ]; then
+    if [ "$CG_MAX" = 64M ]; then
+        MIN_PSWPOUT=$((MIB * 200))
+    else
+        MIN_PSWPOUT=$(((MIB - CG_MIB) * 192))   # 3/4 of what does not fit in the cgroup
+    fi
 fi
 [ -n "$VERBOSE" ] || { if [ -t 1 ]; then VERBOSE=1; else VERBOSE=0; fi; }
 
@@ -148,6 +239,10 @@ IP=$(need_cmd ip iproute2)
 RDMA=$(need_cmd rdma iproute2)
 NBD_CLIENT=$(need_cmd nbd-client nbd-client)
 NBDKIT=$(need_cmd nbdkit nbdkit)
+CRYPTSETUP=""
+if [ "$has_crypt" = 1 ]; then
+    CRYPTSETUP=$(need_cmd cryptsetup cryptsetup-bin)
+fi
 need_cmd timeout coreutils > /dev/null
 need_cmd ldd libc-bin > /dev/null
 
@@ -156,6 +251,7 @@ need_cmd ldd libc-bin > /dev/null
 RDMASWAP_BUILD=$(cd "$RDMASWAP_BUILD" && pwd)
 
 B_SWAPLOAD=$RDMASWAP_BUILD/tests/vm/swapload
+B_MEMSCAN=$RDMASWAP_BUILD/tests/vm/memscan
 B_MEMSERVER=$RDMASWAP_BUILD/memserver/rdmaswap-memserver
 B_PLUGIN=$RDMASWAP_BUILD/nbdkit-plugin/nbdkit-rdmaswap-plugin.so
 B_CTL=$RDMASWAP_BUILD/tools/rdmaswapctl
@@ -163,23 +259,25 @@ B_RDMA_TESTS=$RDMASWAP_BUILD/tests/rdma/rdmaswap-rdma-tests
 
 # What the chosen mode needs.
 need_swapload=0 need_rdmaswap=0 need_rdma=0 want_rdma_tests=0
+need_crypt=$has_crypt need_memscan=0
 case "$MODE" in
-    memory) need_swapload=1 ;;
-    tcp) need_swapload=1; need_rdmaswap=1 ;;
-    rdma) need_swapload=1; need_rdmaswap=1; need_rdma=1; want_rdma_tests=1 ;;
     kill) need_rdmaswap=1; [ "$KILL_TRANSPORT" = tcp ] || need_rdma=1 ;;
-    bench)
+    twohost) need_swapload=1; need_rdmaswap=1; need_rdma=1; need_memscan=1 ;;
+    *)
         need_swapload=1
-        for m in $BENCH_MODES; do
-            case "$m" in
+        [ "$MODE" != rdma ] || want_rdma_tests=1
+        for t in $run_transports; do
+            case "$t" in
                 tcp) need_rdmaswap=1 ;;
                 rdma) need_rdmaswap=1; need_rdma=1 ;;
             esac
         done
+        [ "$need_crypt" = 0 ] || need_memscan=1
         ;;
 esac
 missing=()
 [ "$need_swapload" = 0 ] || [ -x "$B_SWAPLOAD" ] || missing+=("$B_SWAPLOAD")
+[ "$need_memscan" = 0 ] || [ -x "$B_MEMSCAN" ] || missing+=("$B_MEMSCAN")
 if [ "$need_rdmaswap" = 1 ]; then
     [ -x "$B_MEMSERVER" ] || missing+=("$B_MEMSERVER")
     [ -f "$B_PLUGIN" ] || missing+=("$B_PLUGIN")
@@ -204,24 +302,35 @@ fi
 
 # ----- temp dir, cleanup --------------------------------------------------------------------------
 WORK=$(mktemp -d "${TMPDIR:-/tmp}/rdmaswap-vm.XXXXXX")
-QPID=""
+declare -A QPIDS=()   # VM name -> pid of timeout(1) running its qemu
+WATCHERS=()           # pids of the SysRq watcher subshells
 TAILPID=""
+stop_watchers() {
+    local w
+    for w in "${WATCHERS[@]}"; do
+        pkill -P "$w" 2> /dev/null || true   # its sleep
+        kill "$w" 2> /dev/null || true
+    done
+    WATCHERS=()
+}
 cleanup() {
     local rc=$?
     trap - EXIT INT TERM
+    stop_watchers
     if [ -n "$TAILPID" ]; then kill "$TAILPID" 2> /dev/null || true; fi
-    if [ -n "$QPID" ] && kill -0 "$QPID" 2> /dev/null; then
-        # $QPID is timeout(1); its child is qemu.  TERM is passed on, KILL would not be.
-        local kids
-        kids=$(pgrep -P "$QPID" 2> /dev/null || true)
-        kill -TERM "$QPID" 2> /dev/null || true
+    local qpid kids
+    for qpid in "${QPIDS[@]}"; do
+        kill -0 "$qpid" 2> /dev/null || continue
+        # $qpid is timeout(1); its child is qemu.  TERM is passed on, KILL would not be.
+        kids=$(pgrep -P "$qpid" 2> /dev/null || true)
+        kill -TERM "$qpid" 2> /dev/null || true
         for _ in 1 2 3 4 5 6 7 8 9 10; do
-            kill -0 "$QPID" 2> /dev/null || break
+            kill -0 "$qpid" 2> /dev/null || break
             sleep 0.5
         done
         # shellcheck disable=SC2086
-        kill -KILL $kids "$QPID" 2> /dev/null || true
-    fi
+        kill -KILL $kids "$qpid" 2> /dev/null || true
+    done
     if [ "$KEEP" = 1 ]; then
         note "kept $WORK"
     else
@@ -297,7 +406,9 @@ add_elf "$NBDKIT_PLUGINDIR/nbdkit-memory-plugin.so"
 add_elf "$NBDKIT_FILTERDIR/nbdkit-stats-filter.so"
 
 # glibc dlopens libgcc_s for thread cancellation/unwinding; ldd does not show it
-LIBGCC=$(ldconfig -p 2> /dev/null | awk '/libgcc_s\.so\.1 .*x86-64/ { print $NF; exit }')
+# (awk reads all of ldconfig's output: exiting early would kill ldconfig with SIGPIPE, and with
+# pipefail and set -e that ended this script with status 141, now and then)
+LIBGCC=$(ldconfig -p 2> /dev/null | awk '/libgcc_s\.so\.1 .*x86-64/ && !f { print $NF; f = 1 }' || true)
 [ -n "$LIBGCC" ] || LIBGCC=/lib/x86_64-linux-gnu/libgcc_s.so.1
 add_file "$LIBGCC"
 
@@ -311,8 +422,12 @@ for t in ib_read_lat ib_write_bw; do
     [ -z "$p" ] || add_elf "$p" "/usr/bin/$t"
 done
 
+# dm-crypt for crypt runs (cryptsetup-bin); libdevmapper makes the /dev/mapper nodes itself
+[ -z "$CRYPTSETUP" ] || add_elf "$CRYPTSETUP" /usr/sbin/cryptsetup
+
 # the project's binaries
 [ -x "$B_SWAPLOAD" ] && add_elf "$B_SWAPLOAD" /usr/local/bin/swapload
+[ -x "$B_MEMSCAN" ] && add_elf "$B_MEMSCAN" /usr/local/bin/memscan
 if [ "$need_rdmaswap" = 1 ]; then
     add_elf "$B_MEMSERVER" /usr/local/bin/rdmaswap-memserver
     add_elf "$B_CTL" /usr/local/bin/rdmaswapctl
@@ -332,11 +447,21 @@ for a in $("$BUSYBOX" --list); do
         || ln -s busybox "$ROOT/usr/bin/$a"
 done
 
-# kernel modules, in `modprobe --show-depends` order, deduplicated
+# kernel modules, in `modprobe --show-depends` order, deduplicated.  Optional ones (a failed insmod
+# is no error: aesni_intel needs AES-NI in the virtual CPU) go to a second list.
 MODLIST=$ROOT/etc/rdmaswap-vm/modules
+OPTLIST=$ROOT/etc/rdmaswap-vm/modules-optional
 : > "$MODLIST"
+: > "$OPTLIST"
 declare -A MODSEEN=()
-for m in crc32_generic nbd veth ib_uverbs rdma_ucm rdma_rxe; do
+mods="crc32_generic nbd veth ib_uverbs rdma_ucm rdma_rxe"
+[ "$MODE" != twohost ] || mods+=" virtio_pci virtio_net"
+[ "$has_crypt" = 0 ] || mods+=" dm-crypt xts"
+optmods=""
+[ "$has_crypt" = 0 ] || optmods="aesni_intel"
+for m in $mods $optmods; do
+    list=$MODLIST
+    case " $optmods " in *" $m "*) list=$OPTLIST ;; esac
     deps=$("$MODPROBE" -S "$KVER" --show-depends "$m" 2>&1) \
         || die "modprobe -S $KVER --show-depends $m failed: $deps"
     while read -r kind path _; do
@@ -353,17 +478,24 @@ for m in crc32_generic nbd veth ib_uverbs rdma_ucm rdma_rxe; do
         esac
         params=""
         [ "$m" = nbd ] && [ "${path##*/}" = nbd.ko ] && params="nbds_max=2 max_part=0"
-        echo "$dst $params" >> "$MODLIST"
+        echo "$dst $params" >> "$list"
     done <<< "$deps"
 done
 
 # settings for the guest
 SWAPLOAD_ARGS=$SWAPLOAD_EXTRA
 [ "$REWRITE" = 0 ] || SWAPLOAD_ARGS="--rewrite${SWAPLOAD_ARGS:+ $SWAPLOAD_ARGS}"
+PEER_WAIT=$((TIMEOUT - 60))
 cat > "$ROOT/etc/rdmaswap-vm.conf" <<EOF
 MODE=$MODE
-BENCH_MODES="$BENCH_MODES"
+RUNS="$RUNS"
 MIB=$MIB
+CG_MAX=$CG_MAX
+CAPACITY=$CAPACITY
+PRESSURE_EXTRA=$PRESSURE_EXTRA
+PEER_WAIT=$PEER_WAIT
+PREFILL=$PREFILL
+PLUGIN_ARGS="$PLUGIN_ARGS"
 PASSES=$PASSES
 SWAPLOAD_ARGS="$SWAPLOAD_ARGS"
 MIN_PSWPOUT=$MIN_PSWPOUT
@@ -379,26 +511,113 @@ mknod -m 0600 "$ROOT/dev/console" c 5 1 2> /dev/null || true
 INITRD=$WORK/initramfs.cpio
 (cd "$ROOT" && find . -print0 | LC_ALL=C sort -z | "$CPIO" --null -o -H newc -R 0:0 --quiet) > "$INITRD"
 note "kernel $KERNEL, initramfs $(du -m "$INITRD" | cut -f1) MiB, $(wc -l < "$MODLIST") modules," \
-    "mode $MODE$([ "$MODE" = bench ] && echo " ($BENCH_MODES)"), mib $MIB, timeout ${TIMEOUT}s"
+    "mode $MODE${RUNS:+ ($RUNS)}, mib $MIB, ${MEM} MiB RAM, timeout ${TIMEOUT}s"
 
 # ----- boot ------------------------------------------------------------------------------------------
-: > "$LOG"
+# free_port: a TCP port nobody on this machine uses now
+free_port() {
+    local p
+    for _ in $(seq 1 50); do
+        p=$((20000 + RANDOM % 40000))
+        if [ -z "$(ss -Htan "( sport = :$p or dport = :$p )" 2> /dev/null)" ]; then
+            echo "$p"
+            return 0
+        fi
+    done
+    die "no free TCP port found"
+}
+# One VM, or (twohost) two: "server" (VM A, listens on the socket netdev) and "client" (VM B).
+declare -A VM_LOG=() VM_RC=()
+VM_NAMES=()
+if [ "$MODE" = twohost ]; then
+    VM_NAMES=(server client)
+    case "$LOG" in
+        *.log) VM_LOG[server]=${LOG%.log}-server.log ;;
+        *) VM_LOG[server]=$LOG-server ;;
+    esac
+    VM_LOG[client]=$LOG
+    [ -n "$PORT" ] || PORT=$(free_port)
+    note "twohost: socket netdev on 127.0.0.1:$PORT; VM A (server) log ${VM_LOG[server]}, VM B (client) log ${VM_LOG[client]}"
+else
+    VM_NAMES=(vm)
+    VM_LOG[vm]=$LOG
+fi
+
+# start_vm NAME EXTRA-KERNEL-ARGS QEMU-ARGS...: qemu under timeout, in the background
+# A VM still running SYSRQ_BEFORE seconds before its time-out gets SysRq w, m, l and t through
+# qemu's monitor (a TCP port on the loopback): blocked tasks, memory, CPUs and every task's stack
+# land on the console, which tells a hang apart from slowness.
+sysrq_dump() {
+    local port=$1 k
+    exec 3<> "/dev/tcp/127.0.0.1/$port" || return 0
+    for k in w m l t; do
+        echo "sendkey alt-sysrq-$k" >&3 || break
+        sleep 5
+    done
+    exec 3>&-
+}
+# start_vm NAME EXTRA-KERNEL-ARGS QEMU-ARGS...: qemu under timeout, in the background
+start_vm() {
+    local name=$1 kargs=$2 mport
+    shift 2
+    : > "${VM_LOG[$name]}"
+    mport=$(free_port) || die "no free TCP port for qemu's monitor"
+    timeout -k 10 "$TIMEOUT" "$QEMU" -accel tcg -cpu max -smp "$SMP" -m "$MEM" \
+        -nographic -nic none -no-reboot \
+        -monitor "tcp:127.0.0.1:$mport,server=on,wait=off" \
+        -kernel "$KERNEL" -initrd "$INITRD" \
+        -append "console=ttyS0 panic=-1 oops=panic loglevel=5 mitigations=off$kargs" \
+        "$@" < /dev/null > "${VM_LOG[$name]}" 2>&1 &
+    QPIDS[$name]=$!
+    if [ "$SYSRQ_BEFORE" -gt 0 ] && [ "$TIMEOUT" -gt $((SYSRQ_BEFORE + 10)) ]; then
+        (
+            sleep $((TIMEOUT - SYSRQ_BEFORE))
+            note "VM $name still running $SYSRQ_BEFORE s before its time-out: SysRq w, m, l, t to its console"
+            sysrq_dump "$mport"
+        ) > /dev/null &
+        WATCHERS+=($!)
+    fi
+}
+
 START=$(date +%s.%N)
 set +e
-timeout -k 10 "$TIMEOUT" "$QEMU" -accel tcg -cpu max -smp "$SMP" -m "$MEM" \
-    -nographic -nic none -no-reboot \
-    -kernel "$KERNEL" -initrd "$INITRD" \
-    -append "console=ttyS0 panic=-1 oops=panic loglevel=5 mitigations=off" \
-    < /dev/null > "$LOG" 2>&1 &
-QPID=$!
+if [ "$MODE" = twohost ]; then
+    start_vm server " rdmaswap.role=server" \
+        -netdev "socket,id=n0,listen=127.0.0.1:$PORT" \
+        -device virtio-net-pci,netdev=n0,mac=52:54:00:77:00:01
+    # the client's qemu connects at start: wait (bounded) until the server's qemu listens
+    listening=0
+    for _ in $(seq 1 100); do
+        if [ -n "$(ss -Htln "( sport = :$PORT )" 2> /dev/null)" ]; then listening=1; break; fi
+        kill -0 "${QPIDS[server]}" 2> /dev/null || break
+        sleep 0.2
+    done
+    if [ "$listening" = 1 ]; then
+        start_vm client " rdmaswap.role=client" \
+            -netdev "socket,id=n0,connect=127.0.0.1:$PORT" \
+            -device virtio-net-pci,netdev=n0,mac=52:54:00:77:00:02
+    else
+        note "the server VM's qemu does not listen on 127.0.0.1:$PORT; not starting the client VM"
+        VM_RC[client]=noboot
+    fi
+else
+    start_vm vm ""
+fi
 if [ "$VERBOSE" = 1 ]; then
-    tail -n +1 -f --pid="$QPID" "$LOG" &
+    # follow the last VM to finish (twohost: the server, which waits for the client)
+    logs=()
+    for n in "${VM_NAMES[@]}"; do logs+=("${VM_LOG[$n]}"); done
+    tail -n +1 -f --pid="${QPIDS[${VM_NAMES[0]}]}" "${logs[@]}" &
     TAILPID=$!
 fi
-wait "$QPID"
-QRC=$?
-QPID=""
+for n in "${VM_NAMES[@]}"; do
+    [ -n "${QPIDS[$n]:-}" ] || continue
+    wait "${QPIDS[$n]}"
+    VM_RC[$n]=$?
+    unset "QPIDS[$n]"
+done
 set -e
+stop_watchers
 if [ -n "$TAILPID" ]; then
     wait "$TAILPID" 2> /dev/null || true
     TAILPID=""
@@ -406,36 +625,55 @@ fi
 SECS=$(awk -v a="$START" -v b="$(date +%s.%N)" 'BEGIN { printf "%.1f", b - a }')
 
 # ----- verdict -----------------------------------------------------------------------------------------
-# the console may carry \r; kernel lines start with a printk timestamp
-tr -d '\r' < "$LOG" > "$WORK/console.txt"
-BAD_KERNEL=$(grep -E '^\[ *[0-9]+\.[0-9]+\] .*(WARNING:|BUG:|blocked for more than|Oops|general protection fault|Kernel panic)' \
-    "$WORK/console.txt" | head -n 3 || true)
-RESULT=$(grep -ao 'RDMASWAP-VM-RESULT: .*' "$WORK/console.txt" | tail -n 1 || true)
-
-verdict=""
-if [ "$QRC" = 124 ] || [ "$QRC" = 137 ]; then
-    verdict="timeout: the VM did not finish within ${TIMEOUT}s"
-elif [ -z "$RESULT" ]; then
-    verdict="no result line from the guest (qemu exit $QRC)"
-elif [ "$RESULT" != "RDMASWAP-VM-RESULT: PASS" ]; then
-    verdict="guest: ${RESULT#RDMASWAP-VM-RESULT: }"
-elif [ -n "$BAD_KERNEL" ]; then
-    verdict="kernel warning on the console: $BAD_KERNEL"
-fi
-
-if [ -z "$verdict" ]; then
-    if [ "$VERBOSE" != 1 ]; then
-        # the guest's own output (from its first line on)
-        sed -n '/^vm: guest up/,$p' "$WORK/console.txt"
+# judge NAME: sets VERDICT (empty: pass) from the VM's console log and qemu's exit status
+judge() {
+    local name=$1 qrc=${VM_RC[$1]} txt=$WORK/console-$1.txt bad result
+    VERDICT=""
+    # the console may carry \r; kernel lines start with a printk timestamp
+    tr -d '\r' < "${VM_LOG[$name]}" > "$txt"
+    bad=$(grep -E '^\[ *[0-9]+\.[0-9]+\] .*(WARNING:|BUG:|blocked for more than|Oops|general protection fault|Kernel panic|Out of memory)' \
+        "$txt" | head -n 3 || true)
+    result=$(grep -ao 'RDMASWAP-VM-RESULT: .*' "$txt" | tail -n 1 || true)
+    if [ "$qrc" = noboot ]; then
+        VERDICT="not started"
+    elif [ "$qrc" = 124 ] || [ "$qrc" = 137 ]; then
+        VERDICT="timeout: the VM did not finish within ${TIMEOUT}s"
+    elif [ -z "$result" ]; then
+        VERDICT="no result line from the guest (qemu exit $qrc)"
+    elif [ "$result" != "RDMASWAP-VM-RESULT: PASS" ]; then
+        VERDICT="guest: ${result#RDMASWAP-VM-RESULT: }"
+    elif [ -n "$bad" ]; then
+        VERDICT="kernel warning on the console: $bad"
     fi
-    grep -a '^RDMASWAP-VM-BENCH:' "$WORK/console.txt" | sed 's/^RDMASWAP-VM-BENCH: //' || true
-    note "PASS: mode $MODE in ${SECS}s (log: $LOG)"
+    if [ -n "$VERDICT" ] && [ -n "$bad" ] && [[ "$VERDICT" != *"$bad"* ]]; then
+        VERDICT="$VERDICT; kernel: $(head -n 1 <<< "$bad")"
+    fi
+}
+
+failed=()
+for n in "${VM_NAMES[@]}"; do
+    judge "$n"
+    label=""
+    [ "$MODE" != twohost ] || label="[$n] "
+    if [ -z "$VERDICT" ]; then
+        if [ "$VERBOSE" != 1 ]; then
+            [ "$MODE" != twohost ] || echo "===== VM $n (${VM_LOG[$n]}) ====="
+            # the guest's own output (from its first line on)
+            sed -n '/^vm: guest up/,$p' "$WORK/console-$n.txt"
+        fi
+        grep -a '^RDMASWAP-VM-BENCH:' "$WORK/console-$n.txt" | sed 's/^RDMASWAP-VM-BENCH: //' || true
+    else
+        failed+=("$label$VERDICT")
+        if [ "$VERBOSE" != 1 ]; then
+            echo "----- last 120 lines of the VM console (${VM_LOG[$n]}) -----"
+            tail -n 120 "$WORK/console-$n.txt"
+            echo "----- end of console -----"
+        fi
+    fi
+done
+if [ ${#failed[@]} = 0 ]; then
+    note "PASS: mode $MODE${RUNS:+ ($RUNS)} in ${SECS}s (log: ${VM_LOG[*]})"
     exit 0
 fi
-if [ "$VERBOSE" != 1 ]; then
-    echo "----- last 120 lines of the VM console ($LOG) -----"
-    tail -n 120 "$WORK/console.txt"
-    echo "----- end of console -----"
-fi
-note "FAIL: $verdict (mode $MODE, ${SECS}s, log: $LOG)"
+note "FAIL: $(printf '%s; ' "${failed[@]}")(mode $MODE, ${SECS}s, log: ${VM_LOG[*]})"
 exit 1
