@@ -8,6 +8,7 @@
 
 #include "common/config.h"
 #include "common/log.h"
+#include "common/swap_safety.h"
 #include "memserver/server.h"
 
 namespace {
@@ -70,6 +71,18 @@ int main(int argc, char **argv)
 	sigaction(SIGTERM, &sa, nullptr);
 	signal(SIGPIPE, SIG_IGN);
 
+	// A memserver on a host that swaps into it (or into another memserver on it) must not wait
+	// on reclaim while serving: its threads do no I/O in reclaim (PR_SET_IO_FLUSHER, set
+	// before any thread starts so all inherit it) and its pages cannot be swapped out. In
+	// particular RDMA registration of a slab at ALLOC (ibv_reg_mr) allocates kernel memory
+	// while a page-out waits for that ALLOC.
+	if (opts.lock_memory) {
+		if (auto why = set_io_flusher(); !why.empty())
+			log->warn("{} (needs CAP_SYS_RESOURCE): a page-out on this host that waits "
+				  "for this memserver may deadlock under memory pressure", why);
+		if (auto why = lock_memory_onfault(); !why.empty())
+			log->warn("{}: the memserver's own pages may be swapped out", why);
+	}
 	try {
 		Memserver server(opts);
 		g_server = &server;

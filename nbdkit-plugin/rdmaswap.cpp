@@ -5,7 +5,6 @@
 #include <nbdkit-plugin.h>
 
 #include <sys/mman.h>
-#include <sys/prctl.h>
 #include <sys/resource.h>
 #include <unistd.h>
 
@@ -26,12 +25,10 @@
 #include "common/log.h"
 #include "common/rdma/rdma_client.h"
 #include "common/remote_server.h"
+#include "common/swap_safety.h"
 #include "common/tcp/rpc.h"
 #include "common/volume.h"
 
-#ifndef PR_SET_IO_FLUSHER
-#define PR_SET_IO_FLUSHER 57
-#endif
 
 namespace {
 
@@ -287,21 +284,6 @@ int rdmaswap_get_ready()
 	return 0;
 }
 
-// VmLck from /proc/self/status, in kB (0 if unknown).
-long locked_kb()
-{
-	FILE *f = std::fopen("/proc/self/status", "r");
-	if (!f)
-		return 0;
-	char line[256];
-	long kb = 0;
-	while (std::fgets(line, sizeof line, f))
-		if (std::sscanf(line, "VmLck: %ld kB", &kb) == 1)
-			break;
-	std::fclose(f);
-	return kb;
-}
-
 int rdmaswap_after_fork()
 {
 	// A swap server whose own pages can be swapped out deadlocks under pressure. nbdkit --swap
@@ -311,7 +293,7 @@ int rdmaswap_after_fork()
 	rlimit rl{};
 	getrlimit(RLIMIT_MEMLOCK, &rl);
 	const bool unlimited = geteuid() == 0 || rl.rlim_cur == RLIM_INFINITY;
-	if (locked_kb() == 0) {
+	if (locked_kib() == 0) {
 		if (unlimited && mlockall(MCL_CURRENT | MCL_FUTURE) == 0)
 			nbdkit_debug("rdmaswap: memory was not locked (nbdkit without --swap?): "
 				     "locked it with mlockall");
@@ -324,8 +306,8 @@ int rdmaswap_after_fork()
 	// A swap device's server must not wait on memory reclaim that waits on it
 	// (PR_SET_IO_FLUSHER, Linux >= 5.6, needs CAP_SYS_RESOURCE). Inherited by the worker
 	// threads nbdkit starts after this.
-	if (prctl(PR_SET_IO_FLUSHER, 1, 0, 0, 0) != 0)
-		nbdkit_debug("rdmaswap: PR_SET_IO_FLUSHER not set: %s", std::strerror(errno));
+	if (const auto why = set_io_flusher(); !why.empty())
+		nbdkit_debug("rdmaswap: %s", why.c_str());
 	try {
 		g_chosen = g_cfg.transport;
 		if (g_chosen == TransportKind::Auto) {

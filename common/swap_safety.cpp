@@ -1,0 +1,52 @@
+// SPDX-License-Identifier: MIT
+#include "common/swap_safety.h"
+
+#include <sys/mman.h>
+#include <sys/prctl.h>
+
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+
+#ifndef PR_SET_IO_FLUSHER
+#define PR_SET_IO_FLUSHER 57
+#endif
+#ifndef MCL_ONFAULT
+#define MCL_ONFAULT 4
+#endif
+
+namespace rdmaswap {
+
+std::string set_io_flusher()
+{
+	if (prctl(PR_SET_IO_FLUSHER, 1, 0, 0, 0) != 0)
+		return std::string("PR_SET_IO_FLUSHER: ") + std::strerror(errno);
+	return {};
+}
+
+std::string lock_memory_onfault()
+{
+	// Two calls: MCL_FUTURE without MCL_CURRENT only changes the default for new mappings,
+	// so the pages locked by the first call stay populated.
+	if (mlockall(MCL_CURRENT) != 0)
+		return std::string("mlockall(MCL_CURRENT): ") + std::strerror(errno);
+	if (mlockall(MCL_FUTURE | MCL_ONFAULT) != 0)
+		return std::string("mlockall(MCL_FUTURE|MCL_ONFAULT): ") + std::strerror(errno);
+	return {};
+}
+
+long locked_kib()
+{
+	FILE *f = std::fopen("/proc/self/status", "re");
+	if (!f)
+		return 0;
+	char line[256];
+	long kb = 0;
+	while (std::fgets(line, sizeof line, f))
+		if (std::sscanf(line, "VmLck: %ld kB", &kb) == 1)
+			break;
+	std::fclose(f);
+	return kb;
+}
+
+} // namespace rdmaswap

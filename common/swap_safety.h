@@ -1,0 +1,24 @@
+// SPDX-License-Identifier: MIT
+// What a process on the swap path (nbdkit with the plugin, a memserver on the same host) does so
+// that serving a page-out never waits on the reclaim that the page-out is meant to satisfy.
+#pragma once
+
+#include <string>
+
+namespace rdmaswap {
+
+// PR_SET_IO_FLUSHER (Linux >= 5.6, needs CAP_SYS_RESOURCE) on the calling thread: its memory
+// allocations do no I/O in reclaim (PF_MEMALLOC_NOIO) and it is not throttled by other writers'
+// dirty pages. Threads created afterwards inherit it, so call it before starting any.
+// Returns "" on success, else why not.
+std::string set_io_flusher();
+
+// Locks the pages mapped now (MCL_CURRENT) and makes every later mapping locked as it is faulted
+// in (MCL_FUTURE | MCL_ONFAULT: a new 8 MiB thread stack does not get populated at once).
+// Returns "" on success, else why not.
+std::string lock_memory_onfault();
+
+// VmLck of this process in KiB (from /proc/self/status; 0 if unknown).
+long locked_kib();
+
+} // namespace rdmaswap
