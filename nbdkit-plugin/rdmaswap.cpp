@@ -92,7 +92,8 @@ public:
 private:
 	static void write()
 	{
-		const std::string text = g_volume->status_text();
+		const std::string text = std::string("transport=") + transport_name(g_chosen) +
+					  "\n" + g_volume->status_text();
 		const std::string tmp = g_statusfile + ".tmp";
 		FILE *f = std::fopen(tmp.c_str(), "w");
 		if (!f)
