@@ -178,7 +178,7 @@ void RdmaService::Impl::on_connect_request(rdma_cm_event *ev, std::vector<CmId> 
 		if (const sockaddr *sa = rdma_get_peer_addr(id))
 			std::memcpy(&peer.ss, sa,
 				    sa->sa_family == AF_INET6 ? sizeof(sockaddr_in6) : sizeof(sockaddr_in));
-		owner.warn_peer("refusing RDMA connection from " + peer.str() + ": " + why);
+		owner.warn_peer(Memserver::PeerEvent::Auth, "refusing RDMA connection from " + peer.str() + ": " + why);
 		RejectData r{status};
 		rdma_reject(id, &r, sizeof r);
 		reject_ids.emplace_back(id); // destroyed after the event is acked

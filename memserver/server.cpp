@@ -182,10 +182,10 @@ void Memserver::leave_session(uint64_t session)
 	logger("memserver")->info("session {:016x} ended; {} slabs freed", session, n);
 }
 
-void Memserver::warn_peer(const std::string &what)
+void Memserver::warn_peer(PeerEvent kind, const std::string &what)
 {
 	uint64_t suppressed = 0;
-	if (!peer_log_.allow(suppressed))
+	if (!peer_log_[size_t(kind)].allow(suppressed))
 		return;
 	if (suppressed)
 		logger("memserver")->warn("{} ({} similar messages suppressed)", what, suppressed);
@@ -269,7 +269,7 @@ void Memserver::accept_loop()
 			const size_t n = conns_.size();
 			lock.unlock();
 			fd.reset(); // closed at once: a flood holds no thread and no memory
-			warn_peer("refusing connection from " + peer_name(ss) + ": " +
+			warn_peer(PeerEvent::Limit, "refusing connection from " + peer_name(ss) + ": " +
 				  std::to_string(n) + " connections already (--max-connections)");
 			continue;
 		}
@@ -334,7 +334,7 @@ void Memserver::serve(Conn &c)
 			const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
 				handshake_end - std::chrono::steady_clock::now());
 			if (left.count() <= 0) {
-				warn_peer(c.peer + ": handshake not finished within " +
+				warn_peer(PeerEvent::Slow, c.peer + ": handshake not finished within " +
 					  std::to_string(opts_.handshake_timeout.count()) +
 					  " ms; disconnecting");
 				break;
@@ -355,30 +355,30 @@ void Memserver::serve(Conn &c)
 		int err = rc < 0 ? errno : recv_msg(hdr.data(), hdr.size());
 		if (err) {
 			if (err == ETIMEDOUT)
-				warn_peer(c.peer + ": handshake not finished in time (slow sender); "
+				warn_peer(PeerEvent::Slow, c.peer + ": handshake not finished in time (slow sender); "
 						   "disconnecting");
 			else if (err != ECONNRESET)
-				warn_peer(c.peer + ": receive failed: " + std::strerror(err));
+				warn_peer(PeerEvent::Protocol, c.peer + ": receive failed: " + std::strerror(err));
 			break;
 		}
 		proto::Header h;
 		const auto st = proto::decode_header(hdr, h);
 		if (!st.ok || h.is_response()) {
-			warn_peer(c.peer + ": malformed message (" +
+			warn_peer(PeerEvent::Protocol, c.peer + ": malformed message (" +
 				  (st.ok ? "unexpected response" : st.error) + "); disconnecting");
 			break;
 		}
 		std::array<std::byte, proto::kMaxFixedBody> body;
 		const size_t fixed = size_t(proto::request_body_size(h.op));
 		if ((err = recv_msg(body.data(), fixed))) {
-			warn_peer(c.peer + ": truncated " + proto::op_name(h.op) + " request: " +
+			warn_peer(PeerEvent::Protocol, c.peer + ": truncated " + proto::op_name(h.op) + " request: " +
 				  std::strerror(err));
 			break;
 		}
 		const std::span<const std::byte> b(body.data(), fixed);
 		if (!authed && h.op != proto::Op::Auth && h.op != proto::Op::AuthProof) {
 			// Nothing (no slab, no rkey, no stats) before the peer proved it has the key.
-			warn_peer(c.peer + ": " + proto::op_name(h.op) +
+			warn_peer(PeerEvent::Auth, c.peer + ": " + proto::op_name(h.op) +
 				  " before authentication; refused, disconnecting");
 			send_reply(fd, h, EACCES, {});
 			break;
@@ -399,11 +399,11 @@ void Memserver::serve(Conn &c)
 			proto::AuthRequest req;
 			proto::AuthReply r;
 			if (auto s = proto::decode(b, req); !s.ok) {
-				warn_peer(c.peer + ": malformed AUTH (" + s.error + "); disconnecting");
+				warn_peer(PeerEvent::Protocol, c.peer + ": malformed AUTH (" + s.error + "); disconnecting");
 				ok = false;
 			} else if (!c.auth.challenge(req.client_nonce, req.key_id, r.server_nonce,
 						     r.server_mac)) {
-				warn_peer(fmt::format("{}: authentication failed: {}; disconnecting",
+				warn_peer(PeerEvent::Auth, fmt::format("{}: authentication failed: {}; disconnecting",
 						      c.peer,
 						      authed ? "AUTH after authentication"
 							     : fmt::format("unknown key (id {:016x})",
@@ -424,11 +424,11 @@ void Memserver::serve(Conn &c)
 			}
 			proto::AuthProofRequest req;
 			if (auto s = proto::decode(b, req); !s.ok) {
-				warn_peer(c.peer + ": malformed AUTH_PROOF (" + s.error +
+				warn_peer(PeerEvent::Protocol, c.peer + ": malformed AUTH_PROOF (" + s.error +
 					  "); disconnecting");
 				ok = false;
 			} else if (authed || !c.auth.verify(req.client_mac)) {
-				warn_peer(c.peer + ": authentication failed: " +
+				warn_peer(PeerEvent::Auth, c.peer + ": authentication failed: " +
 					  (authed ? "AUTH_PROOF after authentication"
 						  : "wrong proof (another key?)") +
 					  "; disconnecting");
@@ -444,7 +444,7 @@ void Memserver::serve(Conn &c)
 		case proto::Op::Hello: {
 			proto::HelloRequest req;
 			if (auto s = proto::decode(b, req); !s.ok) {
-				warn_peer(c.peer + ": malformed HELLO (" + s.error + "); disconnecting");
+				warn_peer(PeerEvent::Protocol, c.peer + ": malformed HELLO (" + s.error + "); disconnecting");
 				ok = false;
 				break;
 			}
@@ -462,7 +462,7 @@ void Memserver::serve(Conn &c)
 				log->info("{}: new session {:016x}{}", c.peer, cr.id,
 					  req.want_rdma ? " (rdma)" : "");
 			} else if (!sessions_.join(req.session_id, req.token)) {
-				warn_peer(c.peer + ": HELLO for an unknown session or with a wrong token");
+				warn_peer(PeerEvent::Auth, c.peer + ": HELLO for an unknown session or with a wrong token");
 				ok = send_reply(fd, h, ENOENT, {});
 				break;
 			}
@@ -519,7 +519,7 @@ void Memserver::serve(Conn &c)
 		case proto::Op::Free: {
 			proto::FreeRequest req;
 			if (auto s = proto::decode(b, req); !s.ok) {
-				warn_peer(c.peer + ": malformed FREE (" + s.error + "); disconnecting");
+				warn_peer(PeerEvent::Protocol, c.peer + ": malformed FREE (" + s.error + "); disconnecting");
 				ok = false;
 				break;
 			}
@@ -542,7 +542,7 @@ void Memserver::serve(Conn &c)
 			if (s.ok && write && h.body_len - fixed != req.length)
 				s = proto::Status::fail("WRITE length does not match its payload");
 			if (!s.ok) {
-				warn_peer(c.peer + ": malformed " + proto::op_name(h.op) + " (" +
+				warn_peer(PeerEvent::Protocol, c.peer + ": malformed " + proto::op_name(h.op) + " (" +
 					  s.error + "); disconnecting");
 				ok = false;
 				break;

@@ -5,6 +5,7 @@
 // before any other request, and finish the handshake (through HELLO) within a time bound.
 #pragma once
 
+#include <array>
 #include <atomic>
 #include <cstdint>
 #include <list>
@@ -60,8 +61,11 @@ public:
 
 	// Called by the TCP and RDMA services when a connection of `session` ends.
 	void leave_session(uint64_t session);
-	// Log a warning about something a peer did wrong (bad login, flood), rate-limited.
-	void warn_peer(const std::string &what);
+	// What a peer did wrong. Each kind is rate-limited on its own, so that a flood of one
+	// kind cannot hide another.
+	enum class PeerEvent { Auth, Limit, Slow, Protocol };
+	// Log a warning about something a peer did wrong, rate-limited per kind.
+	void warn_peer(PeerEvent kind, const std::string &what);
 
 private:
 	struct Conn;
@@ -79,7 +83,10 @@ private:
 	uint16_t port_ = 0;
 	std::unique_ptr<RdmaService> rdma_;
 	std::atomic<bool> stop_{false};
-	LogLimiter peer_log_{10, std::chrono::seconds(10)};
+	std::array<LogLimiter, 4> peer_log_{{{10, std::chrono::seconds(10)},
+					     {10, std::chrono::seconds(10)},
+					     {10, std::chrono::seconds(10)},
+					     {10, std::chrono::seconds(10)}}};
 
 	mutable std::mutex conns_mu_;
 	std::list<std::shared_ptr<Conn>> conns_;

@@ -95,6 +95,9 @@ std::string connect_error_text(int err)
 	case EKEYREJECTED:
 		return "authentication failed: the server did not prove it holds our auth key (an "
 		       "impostor, or a memserver with another --auth-key)";
+	case EAGAIN:
+	case ETIMEDOUT:
+		return "no answer within the timeout";
 	case EOPNOTSUPP:
 		return "the memserver runs without authentication (--insecure) but we have an "
 		       "auth-key=: refusing an unauthenticated server";
