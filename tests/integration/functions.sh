@@ -51,8 +51,10 @@ trap 'exit 130' INT TERM
 
 # The test cluster's key (mode 0600, as the programs demand). start_memserver, start_nbdkit and
 # ctl_status pass it unless the test gives --insecure / insecure=true / its own key.
+# make_key FILE: a fresh random key, mode 0600.
+make_key() { (umask 077 && head -c 32 /dev/urandom | od -An -tx1 | tr -d ' \n' >"$1"); }
 export AUTH_KEY="$tmpdir/auth.key"
-(umask 077 && head -c 32 /dev/urandom | od -An -tx1 | tr -d ' \n' >"$AUTH_KEY")
+make_key "$AUTH_KEY"
 
 fail() { echo "FAIL: $0: $*" >&2; exit 1; }
 skip() { echo "SKIP: $0: $*" >&2; exit 77; }

@@ -11,8 +11,6 @@ requires nbdkit --version
 requires_nbdsh
 requires_build memserver plugin ctl
 
-newkey() { (umask 077 && head -c 32 /dev/urandom | od -An -tx1 | tr -d ' \n' >"$1"); }
-
 # memserver_refuses REGEX ARGS...: the memserver must exit non-zero at once, saying REGEX.
 memserver_refuses() {
     local regex=$1 rc=0
@@ -32,7 +30,7 @@ memserver_refuses 'exclude' --auth-key "$AUTH_KEY" --insecure
 
 start_memserver 16M 1M
 other="$tmpdir/other.key"
-newkey "$other"
+make_key "$other"
 
 # rdmaswapctl: no key is a usage error; a wrong key gets no stats.
 rc=0
