@@ -64,15 +64,18 @@ wait_for() { # SECONDS CMD...: retry CMD every 0.1 s
 cpu_ticks() { awk '{print $14 + $15}' "/proc/$1/stat"; }
 
 port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
+key="$out/auth.key"
+(umask 077 && head -c 32 /dev/urandom | od -An -tx1 | tr -d ' \n' >"$key")
 "$memserver" --listen 127.0.0.1 --port "$port" --capacity "$SIZE" --slab-size "$SLAB" \
-    --transport tcp --log-level warn 2>"$out/memserver.log" &
+    --transport tcp --log-level warn --auth-key "$key" 2>"$out/memserver.log" &
 ms_pid=$!
 pids+=("$ms_pid")
-wait_for 60 "$ctl" status "server=127.0.0.1:$port"
+wait_for 60 "$ctl" status "server=127.0.0.1:$port" auth-key="$key"
 
 # shellcheck disable=SC2086 # RDMASWAP_ARGS is a list of key=value words
 nbdkit -f --threads "$THREADS" -U "$out/rdmaswap.sock" "$plugin" \
-    server="127.0.0.1:$port" size="$SIZE" transport=tcp $RDMASWAP_ARGS 2>"$out/nbdkit-rdmaswap.log" &
+    server="127.0.0.1:$port" size="$SIZE" transport=tcp auth-key="$key" $RDMASWAP_ARGS \
+    2>"$out/nbdkit-rdmaswap.log" &
 rs_pid=$!
 pids+=("$rs_pid")
 nbdkit -f --threads "$THREADS" -U "$out/memory.sock" memory "$SIZE" allocator=malloc \

@@ -13,18 +13,20 @@ tmp=$(mktemp -d)
 pids=()
 trap 'for p in "${pids[@]}"; do kill -CONT $p 2>/dev/null || true; kill $p 2>/dev/null || true; done; rm -rf "$tmp"' EXIT
 ports=()
+key=$tmp/auth.key
+(umask 077 && head -c 32 /dev/urandom | od -An -tx1 | tr -d ' \n' >"$key")
 for i in 0 1 2; do
 	port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
 	"$build/memserver/rdmaswap-memserver" --listen 127.0.0.1 --port "$port" --capacity $((mib * 2))M \
-		--slab-size "$slab" --transport tcp 2>"$tmp/ms$i.log" &
+		--slab-size "$slab" --transport tcp --auth-key "$key" 2>"$tmp/ms$i.log" &
 	pids+=($!) ports+=("$port")
 done
 for p in "${ports[@]}"; do
-	for _ in $(seq 200); do "$build/tools/rdmaswapctl" status server=127.0.0.1:$p >/dev/null 2>&1 && break; sleep 0.1; done
+	for _ in $(seq 200); do "$build/tools/rdmaswapctl" status server=127.0.0.1:$p auth-key="$key" >/dev/null 2>&1 && break; sleep 0.1; done
 done
 nbdkit -U "$tmp/sock" -P "$tmp/pid" "$build/nbdkit-plugin/nbdkit-rdmaswap-plugin.so" \
 	server=127.0.0.1:${ports[0]} server=127.0.0.1:${ports[1]} server=127.0.0.1:${ports[2]} \
-	size=${mib}M replicas=2 timeout=$tmo statusfile="$tmp/status"
+	size=${mib}M replicas=2 timeout=$tmo statusfile="$tmp/status" auth-key="$key"
 pids+=($(cat "$tmp/pid"))
 uri="nbd+unix:///?socket=$tmp/sock"
 head -c ${mib}M /dev/urandom >"$tmp/data"

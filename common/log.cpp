@@ -46,4 +46,22 @@ bool set_log_level(const std::string &level)
 	return true;
 }
 
+bool LogLimiter::allow(uint64_t &suppressed)
+{
+	std::lock_guard lock(mu_);
+	const auto now = std::chrono::steady_clock::now();
+	if (now - window_ >= period_) {
+		window_ = now;
+		in_window_ = 0;
+	}
+	if (in_window_ >= burst_) {
+		dropped_++;
+		return false;
+	}
+	in_window_++;
+	suppressed = dropped_;
+	dropped_ = 0;
+	return true;
+}
+
 } // namespace rdmaswap

@@ -18,6 +18,11 @@ public:
 			s_[pos_ + i] = std::byte((uint64_t(v) >> (8 * i)) & 0xff);
 		pos_ += sizeof(T);
 	}
+	void put_bytes(std::span<const std::byte> b)
+	{
+		std::memcpy(s_.data() + pos_, b.data(), b.size());
+		pos_ += b.size();
+	}
 private:
 	std::span<std::byte> s_;
 	size_t pos_ = 0;
@@ -34,15 +39,15 @@ public:
 		pos_ += sizeof(T);
 		return T(v);
 	}
+	void get_bytes(std::span<std::byte> b)
+	{
+		std::memcpy(b.data(), s_.data() + pos_, b.size());
+		pos_ += b.size();
+	}
 private:
 	std::span<const std::byte> s_;
 	size_t pos_ = 0;
 };
-
-bool known_op(uint8_t op)
-{
-	return op >= uint8_t(Op::Hello) && op <= uint8_t(Op::List);
-}
 
 } // namespace
 
@@ -56,6 +61,8 @@ const char *op_name(Op op)
 	case Op::Write: return "WRITE";
 	case Op::Stats: return "STATS";
 	case Op::List: return "LIST";
+	case Op::Auth: return "AUTH";
+	case Op::AuthProof: return "AUTH_PROOF";
 	}
 	return "UNKNOWN";
 }
@@ -70,6 +77,8 @@ long request_body_size(Op op)
 	case Op::Write: return kIoRequestSize;
 	case Op::Stats: return 0;
 	case Op::List: return 0;
+	case Op::Auth: return kAuthRequestSize;
+	case Op::AuthProof: return kAuthProofRequestSize;
 	}
 	return -1;
 }
@@ -84,6 +93,8 @@ long reply_body_size(Op op)
 	case Op::Write: return 0;
 	case Op::Stats: return kStatsReplySize;
 	case Op::List: return 4; // plus 4 bytes per id
+	case Op::Auth: return kAuthReplySize;
+	case Op::AuthProof: return 0;
 	}
 	return -1;
 }
@@ -109,7 +120,7 @@ Status decode_header(std::span<const std::byte, kHeaderSize> in, Header &out)
 	if (i.get<uint8_t>() != kVersion)
 		return Status::fail("unsupported protocol version");
 	const uint8_t op = i.get<uint8_t>();
-	if (!known_op(op))
+	if (request_body_size(Op(op)) < 0)
 		return Status::fail("unknown op");
 	Header h;
 	h.op = Op(op);
@@ -172,6 +183,61 @@ void encode_list(std::span<const uint32_t> ids, std::span<std::byte> out)
 	o.put(uint32_t(ids.size()));
 	for (uint32_t id : ids)
 		o.put(id);
+}
+
+void encode(const AuthRequest &m, std::span<std::byte> out)
+{
+	Out o(out.first<kAuthRequestSize>());
+	o.put_bytes(m.client_nonce);
+	o.put(m.key_id);
+	o.put(m.reserved);
+}
+
+Status decode(std::span<const std::byte> in, AuthRequest &m)
+{
+	if (in.size() != kAuthRequestSize)
+		return Status::fail("AUTH body has the wrong size");
+	In i(in);
+	AuthRequest r;
+	i.get_bytes(r.client_nonce);
+	r.key_id = i.get<uint64_t>();
+	r.reserved = i.get<uint64_t>();
+	if (r.reserved != 0)
+		return Status::fail("AUTH reserved field not zero");
+	m = r;
+	return {};
+}
+
+void encode(const AuthReply &m, std::span<std::byte> out)
+{
+	Out o(out.first<kAuthReplySize>());
+	o.put_bytes(m.server_nonce);
+	o.put_bytes(m.server_mac);
+}
+
+Status decode(std::span<const std::byte> in, AuthReply &m)
+{
+	if (in.size() != kAuthReplySize)
+		return Status::fail("AUTH reply has the wrong size");
+	In i(in);
+	i.get_bytes(m.server_nonce);
+	i.get_bytes(m.server_mac);
+	return {};
+}
+
+void encode(const AuthProofRequest &m, std::span<std::byte> out)
+{
+	Out o(out.first<kAuthProofRequestSize>());
+	o.put_bytes(m.client_mac);
+}
+
+Status decode(std::span<const std::byte> in, AuthProofRequest &m)
+{
+	if (in.size() != kAuthProofRequestSize)
+		return Status::fail("AUTH_PROOF body has the wrong size");
+	In i(in);
+	i.get_bytes(m.client_mac);
+	return {};
 }
 
 void encode(const HelloRequest &m, std::span<std::byte> out)

@@ -2,6 +2,7 @@
 // The rdmaswap wire protocol: a fixed 32-byte header plus a fixed body per op, all little-endian.
 #pragma once
 
+#include <array>
 #include <cstddef>
 #include <cstdint>
 #include <span>
@@ -23,6 +24,10 @@ enum class Op : uint8_t {
 	Write = 5,
 	Stats = 6,
 	List = 7, // the slabs this session holds (reply: u32 count, then count u32 slab ids)
+	// Authentication (common/auth.h), before anything else on a connection. Numbered apart
+	// from the session ops.
+	Auth = 16,
+	AuthProof = 17,
 };
 
 inline constexpr uint16_t kFlagResponse = 1;
@@ -95,6 +100,22 @@ struct StatsReply {                   // 80 bytes
 	uint64_t reserved = 0;
 };
 
+struct AuthRequest {                  // 48 bytes
+	std::array<std::byte, 32> client_nonce{};
+	uint64_t key_id = 0;          // AuthKey::id() of the key the client holds
+	uint64_t reserved = 0;
+};
+struct AuthReply {                    // 64 bytes
+	std::array<std::byte, 32> server_nonce{};
+	std::array<std::byte, 32> server_mac{};
+};
+struct AuthProofRequest {             // 32 bytes; the reply has no body
+	std::array<std::byte, 32> client_mac{};
+};
+
+inline constexpr size_t kAuthRequestSize = 48;
+inline constexpr size_t kAuthReplySize = 64;
+inline constexpr size_t kAuthProofRequestSize = 32;
 inline constexpr size_t kHelloRequestSize = 32;
 inline constexpr size_t kHelloReplySize = 48;
 inline constexpr size_t kAllocReplySize = 32;
@@ -132,6 +153,9 @@ long request_body_size(Op op);
 // The exact body length a successful response to `op` has (READ: without payload).
 long reply_body_size(Op op);
 
+void encode(const AuthRequest &m, std::span<std::byte> out);
+void encode(const AuthReply &m, std::span<std::byte> out);
+void encode(const AuthProofRequest &m, std::span<std::byte> out);
 void encode(const HelloRequest &m, std::span<std::byte> out);
 void encode(const HelloReply &m, std::span<std::byte> out);
 void encode(const AllocReply &m, std::span<std::byte> out);
@@ -139,6 +163,9 @@ void encode(const FreeRequest &m, std::span<std::byte> out);
 void encode(const IoRequest &m, std::span<std::byte> out);
 void encode(const StatsReply &m, std::span<std::byte> out);
 // Decoders check the span is exactly the body size and every field's range.
+Status decode(std::span<const std::byte> in, AuthRequest &m);
+Status decode(std::span<const std::byte> in, AuthReply &m);
+Status decode(std::span<const std::byte> in, AuthProofRequest &m);
 Status decode(std::span<const std::byte> in, HelloRequest &m);
 Status decode(std::span<const std::byte> in, HelloReply &m);
 Status decode(std::span<const std::byte> in, AllocReply &m);

@@ -16,16 +16,13 @@ RemoteServer::RemoteServer(const RemoteServerOptions &opts)
 	: opts_(opts), name_(opts.endpoint.str())
 {
 	addr_ = resolve(opts_.endpoint);
-	control_ = std::make_unique<ControlClient>(addr_, opts_.timeout);
+	control_ = std::make_unique<ControlClient>(addr_, opts_.timeout, opts_.auth_key);
 	const bool rdma = opts_.kind == TransportKind::Rdma;
 	if (rdma && !opts_.rdma)
 		throw std::logic_error("RemoteServer: RDMA requested without a device context");
 	proto::HelloReply hello;
 	if (int r = control_->open_session(rdma, hello))
-		throw std::runtime_error("memserver " + name_ + ": " +
-					 (r == EPROTO ? std::string("protocol error (not a memserver, "
-								    "or an incompatible version)")
-						      : std::string(std::strerror(r))));
+		throw std::runtime_error("memserver " + name_ + ": " + connect_error_text(r));
 	if (rdma && !(hello.server_flags & proto::kServerRdma))
 		throw std::runtime_error("memserver " + name_ +
 					 " does not serve RDMA (start it with --transport rdma)");
@@ -127,9 +124,10 @@ std::unique_ptr<DataPath> RemoteServer::open_data_path(std::span<std::byte> regi
 {
 	if (opts_.kind == TransportKind::Rdma)
 		return opts_.rdma->open_data_path(opts_.endpoint, control_->session_id(),
-						  control_->token(), opts_.timeout, region, lost_);
-	return std::make_unique<TcpDataPath>(addr_, control_->session_id(), control_->token(),
-					     opts_.timeout, region, lost_);
+						  control_->token(), control_->attach_key(),
+						  opts_.timeout, region, lost_);
+	return std::make_unique<TcpDataPath>(addr_, opts_.auth_key, control_->session_id(),
+					     control_->token(), opts_.timeout, region, lost_);
 }
 
 } // namespace rdmaswap

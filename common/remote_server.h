@@ -25,6 +25,8 @@ struct RemoteServerOptions {
 	std::chrono::milliseconds timeout{10000};
 	// Required when kind == Rdma: the device context data paths are made on. Borrowed.
 	rdma::ClientContext *rdma = nullptr;
+	// The cluster key (auth-key=); null only for memservers run with --insecure.
+	std::shared_ptr<const AuthKey> auth_key;
 };
 
 class RemoteServer final : public Server {

@@ -3,9 +3,11 @@
 #include <csignal>
 #include <cstdio>
 #include <string>
+#include <vector>
 
 #include <CLI/CLI.hpp>
 
+#include "common/auth.h"
 #include "common/config.h"
 #include "common/log.h"
 #include "common/swap_safety.h"
@@ -27,13 +29,23 @@ int main(int argc, char **argv)
 	CLI::App app{"rdmaswap-memserver: serve this host's memory to rdmaswap clients as swap"};
 	MemserverOptions opts;
 	std::string capacity = "1G", slab_size = "256M", transport = "auto", level = "info";
+	std::vector<std::string> key_files;
+	unsigned handshake_ms = 5000;
 	app.add_option("--listen", opts.listen, "address to listen on (default 0.0.0.0)");
 	app.add_option("--port", opts.port, "TCP and RDMA-CM port (default 7471)");
 	app.add_option("--capacity", capacity, "memory to donate, e.g. 4G (default 1G)");
 	app.add_option("--slab-size", slab_size, "slab size, a power of two >= 64K (default 256M)");
 	app.add_option("--transport", transport, "tcp, rdma or auto (default auto)");
 	app.add_option("--max-connections", opts.max_connections,
-		       "connections served at once (default 1024)");
+		       "connections served at once; more are closed at once (default 256)");
+	app.add_option("--auth-key", key_files,
+		       "file with the cluster's shared key (mode 600); give it twice to accept "
+		       "an old and a new key during a rotation");
+	app.add_flag("--insecure", opts.insecure,
+		     "run WITHOUT authentication (trusted networks only)");
+	app.add_option("--handshake-timeout", handshake_ms,
+		       "milliseconds a new connection has to authenticate and say HELLO "
+		       "(default 5000)");
 	app.add_option("--log-level", level, "trace, debug, info, warn, error (default info)");
 	CLI11_PARSE(app, argc, argv);
 
@@ -62,6 +74,18 @@ int main(int argc, char **argv)
 	opts.transport = *kind;
 	if (opts.max_connections == 0) {
 		log->error("--max-connections must be at least 1");
+		return 2;
+	}
+	if (handshake_ms == 0 || handshake_ms > 600000) {
+		log->error("--handshake-timeout must be between 1 and 600000 ms");
+		return 2;
+	}
+	opts.handshake_timeout = std::chrono::milliseconds(handshake_ms);
+	try { // the Memserver checks that there is a key or --insecure, not both
+		for (const auto &f : key_files)
+			opts.auth_keys.push_back(load_auth_key(f));
+	} catch (const std::exception &e) {
+		log->error("{}", e.what());
 		return 2;
 	}
 

@@ -16,7 +16,9 @@
 #include <unordered_map>
 #include <vector>
 
+#include "common/auth.h"
 #include "common/log.h"
+#include "common/tcp/socket.h"
 #include "common/rdma/rdma_client.h"
 #include "common/rdma/verbs.h"
 #include "memserver/server.h"
@@ -44,11 +46,15 @@ struct RdmaService::Impl {
 		std::unordered_map<uint32_t, Mr> mrs;
 	};
 
-	Impl(SlabPool &p, SessionTable &s, Memserver &o) : pool(p), sessions(s), owner(o) {}
+	Impl(SlabPool &p, SessionTable &s, Memserver &o, bool check)
+		: pool(p), sessions(s), owner(o), check_attach(check)
+	{
+	}
 
 	SlabPool &pool;
 	SessionTable &sessions;
 	Memserver &owner;
+	const bool check_attach;
 	EventChannel ch;
 	CmId listen_id;
 	std::mutex mu;
@@ -73,8 +79,8 @@ bool RdmaService::devices_present()
 }
 
 RdmaService::RdmaService(const std::string &listen, uint16_t port, SlabPool &pool,
-			 SessionTable &sessions, Memserver &owner)
-	: impl_(std::make_unique<Impl>(pool, sessions, owner))
+			 SessionTable &sessions, Memserver &owner, bool check_attach)
+	: impl_(std::make_unique<Impl>(pool, sessions, owner, check_attach))
 {
 	if (!rdma::devices_present())
 		throw std::runtime_error("no RDMA device (for Soft-RoCE: rdma link add rxe0 type rxe "
@@ -168,7 +174,11 @@ void RdmaService::Impl::on_connect_request(rdma_cm_event *ev, std::vector<CmId> 
 	auto log = logger("rdma");
 	rdma_cm_id *id = ev->id;
 	auto reject = [&](uint32_t status, const char *why) {
-		log->warn("refusing RDMA connection: {}", why);
+		SockAddr peer;
+		if (const sockaddr *sa = rdma_get_peer_addr(id))
+			std::memcpy(&peer.ss, sa,
+				    sa->sa_family == AF_INET6 ? sizeof(sockaddr_in6) : sizeof(sockaddr_in));
+		owner.warn_peer(Memserver::PeerEvent::Auth, "refusing RDMA connection from " + peer.str() + ": " + why);
 		RejectData r{status};
 		rdma_reject(id, &r, sizeof r);
 		reject_ids.emplace_back(id); // destroyed after the event is acked
@@ -182,6 +192,20 @@ void RdmaService::Impl::on_connect_request(rdma_cm_event *ev, std::vector<CmId> 
 	if (cd.magic != ConnectData{}.magic || cd.version != ConnectData{}.version) {
 		reject(EPROTO, "connect request with a bad magic or version");
 		return;
+	}
+	if (check_attach) {
+		// Only a client of an authenticated session knows its attach key.
+		Mac key;
+		if (!sessions.attach_key(cd.session_id, key)) {
+			reject(ENOENT, "unknown session");
+			return;
+		}
+		const auto want = attach_mac(key, cd.session_id, cd.token, cd.cm_nonce);
+		if (!mac_equal(want, std::as_bytes(std::span(cd.mac)))) {
+			reject(EACCES, "attach proof does not match the session (not a client of an "
+				       "authenticated session)");
+			return;
+		}
 	}
 	if (!sessions.join(cd.session_id, cd.token)) {
 		reject(ENOENT, "unknown session or wrong token");

@@ -16,10 +16,11 @@ class SlabPool;
 
 class RdmaService {
 public:
-	// Binds and listens on listen:port with librdmacm and starts the event thread.
+	// Binds and listens on listen:port with librdmacm and starts the event thread. With
+	// `check_attach`, a connect must carry the MAC under its session's attach key (auth.h).
 	// Throws std::runtime_error naming the failed step.
 	RdmaService(const std::string &listen, uint16_t port, SlabPool &pool,
-		    SessionTable &sessions, Memserver &owner);
+		    SessionTable &sessions, Memserver &owner, bool check_attach);
 	~RdmaService();
 	RdmaService(const RdmaService &) = delete;
 	RdmaService &operator=(const RdmaService &) = delete;

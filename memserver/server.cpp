@@ -38,7 +38,10 @@ std::string peer_name(const sockaddr_storage &ss)
 } // namespace
 
 struct Memserver::Conn {
+	explicit Conn(std::span<const std::shared_ptr<const AuthKey>> keys) : auth(keys) {}
 	Fd fd;
+	AuthServer auth;
+	std::chrono::steady_clock::time_point accepted = std::chrono::steady_clock::now();
 	std::string peer;
 	uint64_t id = random_u64();         // told to the client in the HELLO reply
 	std::atomic<uint64_t> session{0};
@@ -74,6 +77,20 @@ Memserver::Memserver(const MemserverOptions &opts)
 	: opts_(opts), pool_(opts.capacity, opts.slab_size, opts.lock_memory)
 {
 	auto log = logger("memserver");
+	if (opts_.auth_keys.empty() && !opts_.insecure)
+		throw std::runtime_error("no --auth-key FILE given: every memserver and client of a "
+					 "cluster needs the same key (make one with: openssl rand "
+					 "-hex 32 > FILE; chmod 600 FILE), or run without "
+					 "authentication with --insecure (trusted networks only)");
+	if (!opts_.auth_keys.empty() && opts_.insecure)
+		throw std::runtime_error("--auth-key and --insecure exclude each other");
+	if (opts_.auth_keys.size() > 2)
+		throw std::runtime_error("at most two --auth-key files (the old and the new key "
+					 "during a rotation)");
+	if (opts_.insecure)
+		log->warn("--insecure: authentication is OFF; anyone who can reach port {} can take "
+			  "slabs and read or write them",
+			  opts_.port);
 	Endpoint ep{opts_.listen, opts_.port};
 	addrinfo hints{};
 	hints.ai_family = AF_UNSPEC;
@@ -106,7 +123,7 @@ Memserver::Memserver(const MemserverOptions &opts)
 	    (opts_.transport == TransportKind::Auto && RdmaService::devices_present())) {
 		try {
 			rdma_ = std::make_unique<RdmaService>(opts_.listen, port_, pool_, sessions_,
-							      *this);
+							      *this, !opts_.insecure);
 		} catch (const std::exception &e) {
 			if (opts_.transport == TransportKind::Rdma)
 				throw;
@@ -115,9 +132,12 @@ Memserver::Memserver(const MemserverOptions &opts)
 	} else if (opts_.transport == TransportKind::Auto) {
 		log->info("no RDMA device found; serving TCP only");
 	}
-	log->info("listening on {}:{} ({}), capacity {} bytes in {} slabs of {} bytes, memory {}",
+	log->info("listening on {}:{} ({}), capacity {} bytes in {} slabs of {} bytes, memory {}, "
+		  "{}",
 		  opts_.listen, port_, rdma_ ? "tcp+rdma" : "tcp", pool_.capacity(),
-		  pool_.slabs_total(), pool_.slab_size(), opts_.lock_memory ? "locked" : "not locked");
+		  pool_.slabs_total(), pool_.slab_size(), opts_.lock_memory ? "locked" : "not locked",
+		  opts_.insecure ? "NO authentication"
+				 : std::to_string(opts_.auth_keys.size()) + " auth key(s)");
 }
 
 Memserver::~Memserver()
@@ -160,6 +180,17 @@ void Memserver::leave_session(uint64_t session)
 		rdma_->end_session(session);
 	const uint32_t n = pool_.release_all(session);
 	logger("memserver")->info("session {:016x} ended; {} slabs freed", session, n);
+}
+
+void Memserver::warn_peer(PeerEvent kind, const std::string &what)
+{
+	uint64_t suppressed = 0;
+	if (!peer_log_[size_t(kind)].allow(suppressed))
+		return;
+	if (suppressed)
+		logger("memserver")->warn("{} ({} similar messages suppressed)", what, suppressed);
+	else
+		logger("memserver")->warn("{}", what);
 }
 
 void Memserver::fence(uint64_t session, uint64_t id)
@@ -221,8 +252,6 @@ void Memserver::run()
 
 void Memserver::accept_loop()
 {
-	auto log = logger("memserver");
-	auto last_refusal = std::chrono::steady_clock::time_point{};
 	while (!stop_.load()) {
 		pollfd p{listen_fd_.get(), POLLIN, 0};
 		const int rc = ::poll(&p, 1, 200);
@@ -235,21 +264,20 @@ void Memserver::accept_loop()
 				SOCK_CLOEXEC));
 		if (!fd)
 			continue;
-		std::lock_guard lock(conns_mu_);
+		std::unique_lock lock(conns_mu_);
 		if (conns_.size() >= opts_.max_connections) {
-			const auto now = std::chrono::steady_clock::now();
-			if (now - last_refusal > std::chrono::seconds(5)) {
-				log->warn("refusing connection from {}: {} connections already",
-					  peer_name(ss), conns_.size());
-				last_refusal = now;
-			}
+			const size_t n = conns_.size();
+			lock.unlock();
+			fd.reset(); // closed at once: a flood holds no thread and no memory
+			warn_peer(PeerEvent::Limit, "refusing connection from " + peer_name(ss) + ": " +
+				  std::to_string(n) + " connections already (--max-connections)");
 			continue;
 		}
 		const int one = 1;
 		setsockopt(fd.get(), IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
 		set_io_timeout(fd.get(), std::chrono::duration_cast<std::chrono::milliseconds>(
 						 kMessageTimeout));
-		auto c = std::make_shared<Conn>();
+		auto c = std::make_shared<Conn>(opts_.auth_keys);
 		c->fd = std::move(fd);
 		c->peer = peer_name(ss);
 		Conn &ref = *c;
@@ -294,37 +322,67 @@ void Memserver::serve(Conn &c)
 	const int fd = c.fd.get();
 	std::vector<std::byte> scratch(kScratch); // to drain refused WRITE payloads
 	uint64_t session = 0;
+	bool authed = opts_.insecure;
+	const auto handshake_end = c.accepted + opts_.handshake_timeout;
 	log->debug("connection from {}", c.peer);
 
 	while (!stop_.load()) {
+		// Until HELLO, every byte must arrive before the handshake deadline.
+		const bool handshake = session == 0;
+		int wait_ms = kPollMs;
+		if (handshake) {
+			const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
+				handshake_end - std::chrono::steady_clock::now());
+			if (left.count() <= 0) {
+				warn_peer(PeerEvent::Slow, c.peer + ": handshake not finished within " +
+					  std::to_string(opts_.handshake_timeout.count()) +
+					  " ms; disconnecting");
+				break;
+			}
+			wait_ms = int(std::min<long long>(wait_ms, left.count() + 1));
+		}
 		pollfd p{fd, POLLIN, 0};
-		const int rc = ::poll(&p, 1, kPollMs);
+		const int rc = ::poll(&p, 1, wait_ms);
 		if (rc == 0)
 			continue;
 		if (rc < 0 && errno == EINTR)
 			continue;
+		auto recv_msg = [&](void *buf, size_t len) {
+			return handshake ? recv_all_until(fd, buf, len, handshake_end)
+					 : recv_all(fd, buf, len);
+		};
 		std::array<std::byte, proto::kHeaderSize> hdr;
-		int err = rc < 0 ? errno : recv_all(fd, hdr.data(), hdr.size());
+		int err = rc < 0 ? errno : recv_msg(hdr.data(), hdr.size());
 		if (err) {
-			if (err != ECONNRESET)
-				log->warn("{}: receive failed: {}", c.peer, std::strerror(err));
+			if (err == ETIMEDOUT)
+				warn_peer(PeerEvent::Slow, c.peer + ": handshake not finished in time (slow sender); "
+						   "disconnecting");
+			else if (err != ECONNRESET)
+				warn_peer(PeerEvent::Protocol, c.peer + ": receive failed: " + std::strerror(err));
 			break;
 		}
 		proto::Header h;
 		const auto st = proto::decode_header(hdr, h);
 		if (!st.ok || h.is_response()) {
-			log->warn("{}: malformed message ({}); disconnecting", c.peer,
-				  st.ok ? "unexpected response" : st.error);
+			warn_peer(PeerEvent::Protocol, c.peer + ": malformed message (" +
+				  (st.ok ? "unexpected response" : st.error) + "); disconnecting");
 			break;
 		}
 		std::array<std::byte, proto::kMaxFixedBody> body;
 		const size_t fixed = size_t(proto::request_body_size(h.op));
-		if ((err = recv_all(fd, body.data(), fixed))) {
-			log->warn("{}: truncated {} request: {}", c.peer, proto::op_name(h.op),
+		if ((err = recv_msg(body.data(), fixed))) {
+			warn_peer(PeerEvent::Protocol, c.peer + ": truncated " + proto::op_name(h.op) + " request: " +
 				  std::strerror(err));
 			break;
 		}
 		const std::span<const std::byte> b(body.data(), fixed);
+		if (!authed && h.op != proto::Op::Auth && h.op != proto::Op::AuthProof) {
+			// Nothing (no slab, no rkey, no stats) before the peer proved it has the key.
+			warn_peer(PeerEvent::Auth, c.peer + ": " + proto::op_name(h.op) +
+				  " before authentication; refused, disconnecting");
+			send_reply(fd, h, EACCES, {});
+			break;
+		}
 		bool ok = true;
 		// Apply the request only if no reconnect of our client has fenced this connection.
 		std::unique_lock busy(c.busy);
@@ -333,10 +391,60 @@ void Memserver::serve(Conn &c)
 			break;
 		}
 		switch (h.op) {
+		case proto::Op::Auth: {
+			if (opts_.insecure) {
+				ok = send_reply(fd, h, EOPNOTSUPP, {});
+				break;
+			}
+			proto::AuthRequest req;
+			proto::AuthReply r;
+			if (auto s = proto::decode(b, req); !s.ok) {
+				warn_peer(PeerEvent::Protocol, c.peer + ": malformed AUTH (" + s.error + "); disconnecting");
+				ok = false;
+			} else if (!c.auth.challenge(req.client_nonce, req.key_id, r.server_nonce,
+						     r.server_mac)) {
+				warn_peer(PeerEvent::Auth, fmt::format("{}: authentication failed: {}; disconnecting",
+						      c.peer,
+						      authed ? "AUTH after authentication"
+							     : fmt::format("unknown key (id {:016x})",
+									   req.key_id)));
+				send_reply(fd, h, EACCES, {});
+				ok = false;
+			} else {
+				std::array<std::byte, proto::kAuthReplySize> out;
+				proto::encode(r, out);
+				ok = send_reply(fd, h, 0, out);
+			}
+			break;
+		}
+		case proto::Op::AuthProof: {
+			if (opts_.insecure) {
+				ok = send_reply(fd, h, EOPNOTSUPP, {});
+				break;
+			}
+			proto::AuthProofRequest req;
+			if (auto s = proto::decode(b, req); !s.ok) {
+				warn_peer(PeerEvent::Protocol, c.peer + ": malformed AUTH_PROOF (" + s.error +
+					  "); disconnecting");
+				ok = false;
+			} else if (authed || !c.auth.verify(req.client_mac)) {
+				warn_peer(PeerEvent::Auth, c.peer + ": authentication failed: " +
+					  (authed ? "AUTH_PROOF after authentication"
+						  : "wrong proof (another key?)") +
+					  "; disconnecting");
+				send_reply(fd, h, EACCES, {});
+				ok = false;
+			} else {
+				authed = true;
+				log->debug("{}: authenticated", c.peer);
+				ok = send_reply(fd, h, 0, {});
+			}
+			break;
+		}
 		case proto::Op::Hello: {
 			proto::HelloRequest req;
 			if (auto s = proto::decode(b, req); !s.ok) {
-				log->warn("{}: malformed HELLO ({}); disconnecting", c.peer, s.error);
+				warn_peer(PeerEvent::Protocol, c.peer + ": malformed HELLO (" + s.error + "); disconnecting");
 				ok = false;
 				break;
 			}
@@ -350,12 +458,11 @@ void Memserver::serve(Conn &c)
 			}
 			SessionTable::Creds cr{req.session_id, req.token};
 			if (req.session_id == 0) {
-				cr = sessions_.create(req.want_rdma);
+				cr = sessions_.create(req.want_rdma, c.auth.attach_key());
 				log->info("{}: new session {:016x}{}", c.peer, cr.id,
 					  req.want_rdma ? " (rdma)" : "");
 			} else if (!sessions_.join(req.session_id, req.token)) {
-				log->warn("{}: HELLO for an unknown session or with a wrong token",
-					  c.peer);
+				warn_peer(PeerEvent::Auth, c.peer + ": HELLO for an unknown session or with a wrong token");
 				ok = send_reply(fd, h, ENOENT, {});
 				break;
 			}
@@ -412,7 +519,7 @@ void Memserver::serve(Conn &c)
 		case proto::Op::Free: {
 			proto::FreeRequest req;
 			if (auto s = proto::decode(b, req); !s.ok) {
-				log->warn("{}: malformed FREE ({}); disconnecting", c.peer, s.error);
+				warn_peer(PeerEvent::Protocol, c.peer + ": malformed FREE (" + s.error + "); disconnecting");
 				ok = false;
 				break;
 			}
@@ -435,8 +542,8 @@ void Memserver::serve(Conn &c)
 			if (s.ok && write && h.body_len - fixed != req.length)
 				s = proto::Status::fail("WRITE length does not match its payload");
 			if (!s.ok) {
-				log->warn("{}: malformed {} ({}); disconnecting", c.peer,
-					  proto::op_name(h.op), s.error);
+				warn_peer(PeerEvent::Protocol, c.peer + ": malformed " + proto::op_name(h.op) + " (" +
+					  s.error + "); disconnecting");
 				ok = false;
 				break;
 			}

@@ -1,9 +1,11 @@
 // SPDX-License-Identifier: MIT
 // The memserver: slab pool + sessions + TCP control/data service (+ the RDMA service when
 // enabled). One thread accepts; each TCP connection is served by its own thread, so a slow or
-// hostile client holds only its own thread.
+// hostile client holds only its own thread. A connection must authenticate (AUTH, AUTH_PROOF)
+// before any other request, and finish the handshake (through HELLO) within a time bound.
 #pragma once
 
+#include <array>
 #include <atomic>
 #include <cstdint>
 #include <list>
@@ -12,7 +14,11 @@
 #include <string>
 #include <thread>
 
+#include <vector>
+
+#include "common/auth.h"
 #include "common/config.h"
+#include "common/log.h"
 #include "common/protocol.h"
 #include "common/tcp/socket.h"
 #include "memserver/sessions.h"
@@ -28,8 +34,13 @@ struct MemserverOptions {
 	uint64_t capacity = uint64_t(1) << 30;
 	uint64_t slab_size = uint64_t(256) << 20;
 	TransportKind transport = TransportKind::Auto;
-	unsigned max_connections = 1024;
+	unsigned max_connections = 256;
 	bool lock_memory = true;
+	// One key, or two during a key rotation. Empty only with `insecure` (no authentication).
+	std::vector<std::shared_ptr<const AuthKey>> auth_keys;
+	bool insecure = false;
+	// From accept to a finished HELLO (AUTH + AUTH_PROOF + HELLO); slower peers are dropped.
+	std::chrono::milliseconds handshake_timeout{5000};
 };
 
 class Memserver {
@@ -50,6 +61,11 @@ public:
 
 	// Called by the TCP and RDMA services when a connection of `session` ends.
 	void leave_session(uint64_t session);
+	// What a peer did wrong. Each kind is rate-limited on its own, so that a flood of one
+	// kind cannot hide another.
+	enum class PeerEvent { Auth, Limit, Slow, Protocol };
+	// Log a warning about something a peer did wrong, rate-limited per kind.
+	void warn_peer(PeerEvent kind, const std::string &what);
 
 private:
 	struct Conn;
@@ -67,6 +83,10 @@ private:
 	uint16_t port_ = 0;
 	std::unique_ptr<RdmaService> rdma_;
 	std::atomic<bool> stop_{false};
+	std::array<LogLimiter, 4> peer_log_{{{10, std::chrono::seconds(10)},
+					     {10, std::chrono::seconds(10)},
+					     {10, std::chrono::seconds(10)},
+					     {10, std::chrono::seconds(10)}}};
 
 	mutable std::mutex conns_mu_;
 	std::list<std::shared_ptr<Conn>> conns_;

@@ -21,7 +21,7 @@ uint64_t random_u64()
 	}
 }
 
-SessionTable::Creds SessionTable::create(bool rdma)
+SessionTable::Creds SessionTable::create(bool rdma, const Mac &attach_key)
 {
 	std::lock_guard lock(mu_);
 	Creds c;
@@ -29,7 +29,7 @@ SessionTable::Creds SessionTable::create(bool rdma)
 		c.id = random_u64();
 	while (map_.count(c.id));
 	c.token = random_u64();
-	map_[c.id] = Entry{c.token, 1, rdma};
+	map_[c.id] = Entry{c.token, 1, rdma, attach_key};
 	return c;
 }
 
@@ -40,8 +40,8 @@ bool SessionTable::join(uint64_t id, uint64_t token)
 	if (it == map_.end())
 		return false;
 	// Constant-time comparison: the time taken must not tell how many bits matched.
-	volatile uint64_t diff = it->second.token ^ token;
-	if (diff != 0)
+	const uint64_t have = it->second.token;
+	if (!mac_equal(std::as_bytes(std::span(&have, 1)), std::as_bytes(std::span(&token, 1))))
 		return false;
 	it->second.refs++;
 	return true;
@@ -64,6 +64,16 @@ bool SessionTable::wants_rdma(uint64_t id) const
 	std::lock_guard lock(mu_);
 	auto it = map_.find(id);
 	return it != map_.end() && it->second.rdma;
+}
+
+bool SessionTable::attach_key(uint64_t id, Mac &out) const
+{
+	std::lock_guard lock(mu_);
+	auto it = map_.find(id);
+	if (it == map_.end())
+		return false;
+	out = it->second.attach;
+	return true;
 }
 
 uint32_t SessionTable::count() const

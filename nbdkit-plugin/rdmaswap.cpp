@@ -21,6 +21,7 @@
 
 #include <spdlog/sinks/base_sink.h>
 
+#include "common/auth.h"
 #include "common/config.h"
 #include "common/log.h"
 #include "common/rdma/rdma_client.h"
@@ -58,6 +59,8 @@ struct Config {
 	unsigned channels = 16;
 	unsigned replicas = 0; // 0: default (2 with two or more servers, else 1)
 	std::chrono::milliseconds timeout{10000};
+	std::shared_ptr<const AuthKey> auth_key; // auth-key=; null only with insecure=true
+	bool insecure = false;
 } g_cfg;
 std::vector<Endpoint> g_reachable; // servers that answered in get_ready
 std::unique_ptr<rdma::ClientContext> g_rdma;
@@ -213,6 +216,18 @@ int rdmaswap_config(const char *key, const char *value)
 			return -1;
 		}
 		g_cfg.timeout = std::chrono::seconds(t);
+	} else if (k == "auth-key") {
+		try {
+			g_cfg.auth_key = load_auth_key(value);
+		} catch (const std::exception &e) {
+			nbdkit_error("rdmaswap: auth-key=: %s", e.what());
+			return -1;
+		}
+	} else if (k == "insecure") {
+		const int b = nbdkit_parse_bool(value);
+		if (b < 0)
+			return -1;
+		g_cfg.insecure = b;
 	} else {
 		nbdkit_error("rdmaswap: unknown parameter '%s' (see nbdkit-rdmaswap-plugin(1))",
 			     key);
@@ -235,6 +250,19 @@ int rdmaswap_config_complete()
 		nbdkit_error("rdmaswap: at most %zu servers", Volume::kMaxServers);
 		return -1;
 	}
+	if (!g_cfg.auth_key && !g_cfg.insecure) {
+		nbdkit_error("rdmaswap: auth-key=FILE is required (the cluster key the memservers "
+			     "were given with --auth-key), or insecure=true for memservers run with "
+			     "--insecure");
+		return -1;
+	}
+	if (g_cfg.auth_key && g_cfg.insecure) {
+		nbdkit_error("rdmaswap: auth-key= and insecure=true exclude each other");
+		return -1;
+	}
+	if (g_cfg.insecure)
+		nbdkit_error("rdmaswap: warning: insecure=true: memservers are not authenticated "
+			     "and do not authenticate us");
 	if (g_cfg.replicas == 0)
 		g_cfg.replicas = g_cfg.servers.size() >= 2 ? 2 : 1;
 	if (g_cfg.replicas > g_cfg.servers.size()) {
@@ -256,11 +284,10 @@ int rdmaswap_get_ready()
 	for (const auto &ep : g_cfg.servers) {
 		std::string why;
 		try {
-			ControlClient c(resolve(ep), g_cfg.timeout);
+			ControlClient c(resolve(ep), g_cfg.timeout, g_cfg.auth_key);
 			proto::StatsReply st;
 			if (int err = c.stats(st))
-				why = err == EPROTO ? "protocol error (not a memserver?)"
-						    : std::strerror(err);
+				why = connect_error_text(err);
 		} catch (const std::exception &e) {
 			why = e.what();
 		}
@@ -329,6 +356,7 @@ int rdmaswap_after_fork()
 			o.kind = g_chosen;
 			o.timeout = g_cfg.timeout;
 			o.rdma = g_rdma.get();
+			o.auth_key = g_cfg.auth_key;
 			servers.push_back(std::make_unique<RemoteServer>(o));
 		}
 		VolumeOptions vo;
@@ -432,7 +460,9 @@ struct nbdkit_plugin make_plugin()
 			"replicas=N          copies of each slab on distinct servers\n"
 			"                    (default 2 with two or more servers, else 1)\n"
 			"timeout=SECONDS     bound on any network wait (default 10)\n"
-			"statusfile=PATH     write the volume's status there every second";
+			"statusfile=PATH     write the volume's status there every second\n"
+			"auth-key=FILE       the cluster's shared key (required unless insecure)\n"
+			"insecure=true       memservers run with --insecure (no authentication)";
 	p.magic_config_key = "server";
 	p.dump_plugin = rdmaswap_dump_plugin;
 	p.get_ready = rdmaswap_get_ready;

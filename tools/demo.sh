@@ -46,10 +46,13 @@ trap cleanup EXIT
 trap 'exit 130' INT TERM
 
 port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
-ctl() { "$build/tools/rdmaswapctl" status server=127.0.0.1:$port; }
+# The cluster key every memserver and client shares (mode 0600: the programs refuse others).
+key=$tmp/auth.key
+(umask 077 && head -c 32 /dev/urandom | od -An -tx1 | tr -d ' \n' >"$key")
+ctl() { "$build/tools/rdmaswapctl" status server=127.0.0.1:$port auth-key="$key"; }
 say "starting rdmaswap-memserver on 127.0.0.1:$port (capacity 2G, slabs 64M, transport $transport)"
 "$build/memserver/rdmaswap-memserver" --listen 127.0.0.1 --port "$port" --capacity 2G \
-	--slab-size 64M --transport "$transport" 2>"$tmp/memserver.log" &
+	--slab-size 64M --transport "$transport" --auth-key "$key" 2>"$tmp/memserver.log" &
 ms_pid=$!
 for _ in $(seq 100); do ctl >/dev/null 2>&1 && break; sleep 0.2; done
 ctl >/dev/null || { cat "$tmp/memserver.log"; exit 1; }
@@ -58,7 +61,7 @@ cat "$tmp/memserver.log"
 sock=$tmp/nbd.sock
 say "starting nbdkit --swap with the rdmaswap plugin on $sock (size $size)"
 nbdkit --swap -U "$sock" -P "$tmp/nbdkit.pid" "$build/nbdkit-plugin/nbdkit-rdmaswap-plugin.so" \
-	server=127.0.0.1:$port size="$size" transport="$transport"
+	server=127.0.0.1:$port size="$size" transport="$transport" auth-key="$key"
 for _ in $(seq 50); do [ -S "$sock" ] && break; sleep 0.1; done
 
 if [ "$(id -u)" = 0 ] && { [ -b /dev/nbd0 ] || modprobe nbd 2>/dev/null; } && [ -b /dev/nbd0 ]; then

@@ -18,8 +18,9 @@ namespace {
 int usage()
 {
 	std::fprintf(stderr, "usage: rdmaswapctl status [server=HOST[:PORT] ...] [volume=STATUSFILE]\n"
-			     "       [timeout=SECONDS]\n"
+			     "       [timeout=SECONDS] [auth-key=FILE | insecure=true]\n"
 			     "  server=  a memserver's capacity, free slabs, sessions, bytes served\n"
+			     "           (needs the cluster key: auth-key=, or insecure=true)\n"
 			     "  volume=  a plugin's statusfile=: its slabs, replicas, degraded/lost\n"
 			     "           slabs, re-replication progress and donors\n");
 	return 2;
@@ -35,6 +36,8 @@ int main(int argc, char **argv)
 	std::vector<Endpoint> servers;
 	std::vector<std::string> volumes;
 	std::chrono::milliseconds timeout{5000};
+	std::shared_ptr<const AuthKey> auth;
+	bool insecure = false;
 	for (int i = 2; i < argc; i++) {
 		const std::string arg = argv[i];
 		const size_t eq = arg.find('=');
@@ -49,6 +52,19 @@ int main(int argc, char **argv)
 			servers.push_back(*ep);
 		} else if (key == "volume") {
 			volumes.push_back(value);
+		} else if (key == "auth-key") {
+			try {
+				auth = load_auth_key(value);
+			} catch (const std::exception &e) {
+				std::fprintf(stderr, "rdmaswapctl: %s\n", e.what());
+				return 2;
+			}
+		} else if (key == "insecure") {
+			if (value != "true" && value != "false") {
+				std::fprintf(stderr, "rdmaswapctl: insecure= must be true or false\n");
+				return 2;
+			}
+			insecure = value == "true";
 		} else if (key == "timeout") {
 			const int s = std::atoi(value.c_str());
 			if (s <= 0) {
@@ -63,6 +79,11 @@ int main(int argc, char **argv)
 	}
 	if (servers.empty() && volumes.empty())
 		return usage();
+	if (!servers.empty() && !auth && !insecure) {
+		std::fprintf(stderr, "rdmaswapctl: server= needs auth-key=FILE (the cluster key), or "
+				     "insecure=true for a memserver run with --insecure\n");
+		return 2;
+	}
 	int rc = 0;
 	for (const auto &path : volumes) {
 		std::printf("volume=%s\n", path.c_str());
@@ -92,7 +113,7 @@ int main(int argc, char **argv)
 		proto::StatsReply s;
 		int err;
 		try {
-			ControlClient c(resolve(ep), timeout);
+			ControlClient c(resolve(ep), timeout, auth);
 			err = c.stats(s);
 		} catch (const std::exception &e) {
 			std::printf("error=%s\n\n", e.what());
@@ -100,7 +121,7 @@ int main(int argc, char **argv)
 			continue;
 		}
 		if (err) {
-			std::printf("error=%s\n\n", std::strerror(err));
+			std::printf("error=%s\n\n", connect_error_text(err).c_str());
 			rc = 1;
 			continue;
 		}

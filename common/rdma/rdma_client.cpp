@@ -110,9 +110,10 @@ namespace {
 class RdmaDataPath final : public DataPath {
 public:
 	RdmaDataPath(ClientContext::Impl &ctx, const Endpoint &ep, uint64_t session_id,
-		     uint64_t token, std::chrono::milliseconds timeout, std::span<std::byte> region,
-		     std::shared_ptr<std::atomic<bool>> lost)
-		: ctx_(ctx), ep_(ep), session_id_(session_id), token_(token), timeout_(timeout),
+		     uint64_t token, const Mac &attach_key, std::chrono::milliseconds timeout,
+		     std::span<std::byte> region, std::shared_ptr<std::atomic<bool>> lost)
+		: ctx_(ctx), ep_(ep), session_id_(session_id), token_(token),
+		  attach_key_(attach_key), timeout_(timeout),
 		  region_(region), lkey_(ctx.lkey_for(region)), lost_(std::move(lost))
 	{
 		connect(); // throws: the first connection is part of setup
@@ -145,6 +146,7 @@ private:
 	const Endpoint ep_;
 	const uint64_t session_id_;
 	const uint64_t token_;
+	const Mac attach_key_;
 	const std::chrono::milliseconds timeout_;
 	const std::span<std::byte> region_;
 	const uint32_t lkey_;
@@ -209,6 +211,9 @@ void RdmaDataPath::connect()
 	ConnectData cd;
 	cd.session_id = session_id_;
 	cd.token = token_;
+	random_bytes(std::as_writable_bytes(std::span(&cd.cm_nonce, 1)));
+	const auto mac = attach_mac(attach_key_, cd.session_id, cd.token, cd.cm_nonce);
+	std::memcpy(cd.mac, mac.data(), sizeof cd.mac);
 	rdma_conn_param cp{};
 	cp.private_data = &cd;
 	cp.private_data_len = sizeof cd;
@@ -384,12 +389,13 @@ int RdmaDataPath::complete()
 
 std::unique_ptr<DataPath> ClientContext::open_data_path(const Endpoint &ep, uint64_t session_id,
 							 uint64_t token,
+							 const Mac &attach_key,
 							 std::chrono::milliseconds timeout,
 							 std::span<std::byte> region,
 							 std::shared_ptr<std::atomic<bool>> session_lost)
 {
-	return std::make_unique<RdmaDataPath>(*impl_, ep, session_id, token, timeout, region,
-					      std::move(session_lost));
+	return std::make_unique<RdmaDataPath>(*impl_, ep, session_id, token, attach_key, timeout,
+					      region, std::move(session_lost));
 }
 
 } // namespace rdmaswap::rdma

@@ -10,6 +10,7 @@
 #include <span>
 #include <string>
 
+#include "common/auth.h"
 #include "common/config.h"
 #include "common/transport.h"
 
@@ -33,10 +34,12 @@ public:
 	ClientContext &operator=(const ClientContext &) = delete;
 
 	// Connect an RC QP to the memserver at `ep`, joining session (id, token) via the CM
-	// private data. The first call registers `region` (later calls must pass the same one).
+	// private data, which also carries a MAC under the session's attach key (auth.h). The
+	// first call registers `region` (later calls must pass the same one).
 	// Throws std::runtime_error on failure.
 	std::unique_ptr<DataPath> open_data_path(const Endpoint &ep, uint64_t session_id,
-						 uint64_t token, std::chrono::milliseconds timeout,
+						 uint64_t token, const Mac &attach_key,
+						 std::chrono::milliseconds timeout,
 						 std::span<std::byte> region,
 						 std::shared_ptr<std::atomic<bool>> session_lost);
 

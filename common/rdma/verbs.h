@@ -50,13 +50,17 @@ void resolve(rdma_cm_id *id, rdma_event_channel *ch, const std::string &host, ui
 	     std::chrono::milliseconds timeout);
 
 // What a data QP's connect request carries: which session it joins.
+// Version 2 adds the attach proof: `mac` = attach_mac(session's attach key, session_id, token,
+// cm_nonce) (common/auth.h). rdma_cm leaves 56 bytes of private data for an RC connect.
 struct ConnectData {
 	uint32_t magic = 0x41524453; // "SDRA"
-	uint32_t version = 1;
+	uint32_t version = 2;
 	uint64_t session_id = 0;
 	uint64_t token = 0;
+	uint64_t cm_nonce = 0;       // fresh random per connect
+	uint8_t mac[16] = {};
 };
-static_assert(sizeof(ConnectData) == 24);
+static_assert(sizeof(ConnectData) == 48 && sizeof(ConnectData) <= 56);
 // Rejection reason sent back in the REJECT private data (an errno).
 struct RejectData {
 	uint32_t status = 0;

@@ -4,6 +4,7 @@
 
 #include <array>
 #include <cerrno>
+#include <cstring>
 
 namespace rdmaswap {
 
@@ -44,19 +45,80 @@ int rpc_var(int fd, uint64_t request_id, proto::Op op, std::span<const std::byte
 	return 0;
 }
 
-ControlClient::ControlClient(SockAddr addr, std::chrono::milliseconds timeout)
-	: addr_(addr), timeout_(timeout)
+Fd connect_memserver(const SockAddr &addr, std::chrono::milliseconds timeout, const AuthKey *key,
+		     Mac *attach, int &err)
 {
-}
-
-Fd join_session(const SockAddr &addr, std::chrono::milliseconds timeout, uint64_t session_id,
-		uint64_t token, bool want_rdma, uint64_t replaces, uint64_t &conn_id, int &err)
-{
+	err = 0;
 	Fd fd = connect_tcp(addr, timeout, timeout);
 	if (!fd) {
 		err = errno ? errno : EIO;
 		return {};
 	}
+	if (!key)
+		return fd;
+	AuthClient ac(*key);
+	proto::AuthRequest req;
+	req.client_nonce = ac.client_nonce();
+	req.key_id = ac.key_id();
+	std::array<std::byte, proto::kAuthRequestSize> body;
+	std::array<std::byte, proto::kAuthReplySize> reply;
+	proto::encode(req, body);
+	if ((err = rpc(fd.get(), 0, proto::Op::Auth, body, reply)))
+		return {};
+	proto::AuthReply r;
+	proto::AuthProofRequest proof;
+	if (!proto::decode(reply, r).ok) {
+		err = EPROTO;
+		return {};
+	}
+	if (!ac.check(r.server_nonce, r.server_mac, proof.client_mac)) {
+		err = EKEYREJECTED;
+		return {};
+	}
+	std::array<std::byte, proto::kAuthProofRequestSize> pbody;
+	proto::encode(proof, pbody);
+	if ((err = rpc(fd.get(), 0, proto::Op::AuthProof, pbody, {})))
+		return {};
+	if (attach)
+		*attach = ac.attach_key();
+	return fd;
+}
+
+std::string connect_error_text(int err)
+{
+	switch (err) {
+	case EPROTO:
+		return "protocol error (not a memserver, or an incompatible version)";
+	case EACCES:
+		return "authentication failed: the memserver refused us (no auth-key=, or another "
+		       "key than its --auth-key)";
+	case EKEYREJECTED:
+		return "authentication failed: the server did not prove it holds our auth key (an "
+		       "impostor, or a memserver with another --auth-key)";
+	case EAGAIN:
+	case ETIMEDOUT:
+		return "no answer within the timeout";
+	case EOPNOTSUPP:
+		return "the memserver runs without authentication (--insecure) but we have an "
+		       "auth-key=: refusing an unauthenticated server";
+	default:
+		return std::strerror(err);
+	}
+}
+
+ControlClient::ControlClient(SockAddr addr, std::chrono::milliseconds timeout,
+			     std::shared_ptr<const AuthKey> key)
+	: addr_(addr), timeout_(timeout), key_(std::move(key))
+{
+}
+
+Fd join_session(const SockAddr &addr, std::chrono::milliseconds timeout, const AuthKey *key,
+		uint64_t session_id, uint64_t token, bool want_rdma, uint64_t replaces,
+		uint64_t &conn_id, int &err)
+{
+	Fd fd = connect_memserver(addr, timeout, key, nullptr, err);
+	if (!fd)
+		return {};
 	proto::HelloRequest req;
 	req.want_rdma = want_rdma;
 	req.session_id = session_id;
@@ -83,12 +145,13 @@ int ControlClient::ensure_connected()
 		return 0;
 	if (lost_)
 		return ENOENT;
-	if (session_id_ == 0) {
-		fd_ = connect_tcp(addr_, timeout_, timeout_);
-		return fd_ ? 0 : (errno ? errno : EIO);
-	}
 	int err = 0;
-	fd_ = join_session(addr_, timeout_, session_id_, token_, want_rdma_, conn_id_, conn_id_, err);
+	if (session_id_ == 0) {
+		fd_ = connect_memserver(addr_, timeout_, key_.get(), &attach_, err);
+		return err;
+	}
+	fd_ = join_session(addr_, timeout_, key_.get(), session_id_, token_, want_rdma_, conn_id_,
+			   conn_id_, err);
 	if (err == ENOENT)
 		lost_ = true;
 	return err;

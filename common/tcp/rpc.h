@@ -4,11 +4,13 @@
 
 #include <chrono>
 #include <cstdint>
+#include <memory>
 #include <mutex>
 #include <span>
 #include <string>
 #include <vector>
 
+#include "common/auth.h"
 #include "common/protocol.h"
 #include "common/tcp/socket.h"
 
@@ -23,13 +25,26 @@ int rpc(int fd, uint64_t request_id, proto::Op op, std::span<const std::byte> bo
 int rpc_var(int fd, uint64_t request_id, proto::Op op, std::span<const std::byte> body,
 	    std::span<std::byte> reply, size_t &reply_len);
 
+// Connect to a memserver and, with a key (null: an --insecure server), run the mutual
+// authentication (common/auth.h). `attach` (may be null) receives the attach key of a session
+// this connection creates. Returns the socket, or an invalid Fd with `err` set: a socket
+// errno, EACCES (the server refused our proof), EKEYREJECTED (the server did not prove it
+// holds our key: an impostor, or a server with another key), EOPNOTSUPP (the server runs
+// without authentication), EPROTO (not a memserver).
+Fd connect_memserver(const SockAddr &addr, std::chrono::milliseconds timeout, const AuthKey *key,
+		     Mac *attach, int &err);
+// Operator-facing text for an error of connect_memserver or of the first call on it.
+std::string connect_error_text(int err);
+
 // The control connection of one client to one memserver. Thread-safe; calls are serialised.
 // Any transport failure closes the socket; the next call reconnects (and, when a session was
 // established, rejoins it; if the server no longer knows the session, calls fail with ENOENT
 // and session_lost() becomes true).
 class ControlClient {
 public:
-	ControlClient(SockAddr addr, std::chrono::milliseconds timeout);
+	// `key`: the cluster key, or null for a memserver run with --insecure.
+	ControlClient(SockAddr addr, std::chrono::milliseconds timeout,
+		      std::shared_ptr<const AuthKey> key);
 
 	// Connect and create a new session (want_rdma as given). 0 or errno.
 	int open_session(bool want_rdma, proto::HelloReply &reply);
@@ -48,6 +63,8 @@ public:
 
 	uint64_t session_id() const { return session_id_; }
 	uint64_t token() const { return token_; }
+	// The attach key of our session (zeros without a key): RDMA connects prove it.
+	const Mac &attach_key() const { return attach_; }
 	bool session_lost() const { return lost_; }
 	const SockAddr &addr() const { return addr_; }
 
@@ -58,11 +75,13 @@ private:
 
 	const SockAddr addr_;
 	const std::chrono::milliseconds timeout_;
+	const std::shared_ptr<const AuthKey> key_;
 	std::mutex mu_;
 	Fd fd_;
 	uint64_t next_id_ = 1;
 	uint64_t session_id_ = 0;
 	uint64_t token_ = 0;
+	Mac attach_{};
 	bool want_rdma_ = false;
 	uint64_t conn_id_ = 0;
 	bool lost_ = false;
@@ -70,10 +89,11 @@ private:
 	std::vector<std::byte> list_buf_; // LIST replies (sized once, at the first list())
 };
 
-// Connect a new socket and join an existing session with HELLO, fencing connection
-// `replaces` (0: none). Returns the socket (its id in `conn_id`), or an invalid Fd with `err`
-// set (ENOENT: the server does not know the session).
-Fd join_session(const SockAddr &addr, std::chrono::milliseconds timeout, uint64_t session_id,
+// Connect a new socket (authenticated with `key` unless null) and join an existing session
+// with HELLO, fencing connection `replaces` (0: none). Returns the socket (its id in
+// `conn_id`), or an invalid Fd with `err` set (ENOENT: the server does not know the session).
+Fd join_session(const SockAddr &addr, std::chrono::milliseconds timeout, const AuthKey *key,
+		uint64_t session_id,
 		uint64_t token, bool want_rdma, uint64_t replaces, uint64_t &conn_id, int &err);
 
 } // namespace rdmaswap

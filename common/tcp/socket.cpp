@@ -152,4 +152,32 @@ int recv_all(int fd, void *buf, size_t len)
 	return 0;
 }
 
+int recv_all_until(int fd, void *buf, size_t len, std::chrono::steady_clock::time_point deadline)
+{
+	auto *p = static_cast<char *>(buf);
+	while (len > 0) {
+		const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
+			deadline - std::chrono::steady_clock::now());
+		if (left.count() <= 0)
+			return ETIMEDOUT;
+		pollfd pf{fd, POLLIN, 0};
+		const int rc = ::poll(&pf, 1, int(std::min<long long>(left.count() + 1, 1 << 30)));
+		if (rc < 0 && errno != EINTR)
+			return errno;
+		if (rc <= 0)
+			continue;
+		const ssize_t n = ::recv(fd, p, len, MSG_DONTWAIT);
+		if (n == 0)
+			return ECONNRESET;
+		if (n < 0) {
+			if (errno == EINTR || errno == EAGAIN || errno == EWOULDBLOCK)
+				continue;
+			return errno;
+		}
+		p += n;
+		len -= size_t(n);
+	}
+	return 0;
+}
+
 } // namespace rdmaswap

@@ -51,6 +51,9 @@ Fd connect_tcp(const SockAddr &addr, std::chrono::milliseconds connect_timeout,
 int send_all(int fd, const void *buf, size_t len);
 int sendv_all(int fd, iovec *iov, int iovcnt); // modifies iov
 int recv_all(int fd, void *buf, size_t len);
+// recv_all that gives up (ETIMEDOUT) at `deadline` however the bytes trickle in: bounds what
+// a slow sender can hold.
+int recv_all_until(int fd, void *buf, size_t len, std::chrono::steady_clock::time_point deadline);
 
 void set_io_timeout(int fd, std::chrono::milliseconds t);
 

@@ -11,17 +11,17 @@
 
 namespace rdmaswap {
 
-TcpDataPath::TcpDataPath(const SockAddr &addr, uint64_t session_id, uint64_t token,
-			 std::chrono::milliseconds timeout, std::span<std::byte> region,
-			 std::shared_ptr<std::atomic<bool>> session_lost)
-	: addr_(addr), session_id_(session_id), token_(token), timeout_(timeout), region_(region),
+TcpDataPath::TcpDataPath(const SockAddr &addr, std::shared_ptr<const AuthKey> key,
+			 uint64_t session_id, uint64_t token, std::chrono::milliseconds timeout,
+			 std::span<std::byte> region, std::shared_ptr<std::atomic<bool>> session_lost)
+	: addr_(addr), key_(std::move(key)), session_id_(session_id), token_(token), timeout_(timeout), region_(region),
 	  session_lost_(std::move(session_lost))
 {
 	int err = 0;
-	fd_ = join_session(addr_, timeout_, session_id_, token_, false, 0, conn_id_, err);
+	fd_ = join_session(addr_, timeout_, key_.get(), session_id_, token_, false, 0, conn_id_, err);
 	if (!fd_)
 		throw std::runtime_error("tcp data connection to " + addr_.str() + ": " +
-					 std::strerror(err));
+					 connect_error_text(err));
 }
 
 void TcpDataPath::fail(int err)
@@ -46,7 +46,8 @@ int TcpDataPath::ensure_connected()
 		return EIO;
 	// Fence the old connection: a write it still had in flight must not land after ours.
 	int err = 0;
-	fd_ = join_session(addr_, timeout_, session_id_, token_, false, conn_id_, conn_id_, err);
+	fd_ = join_session(addr_, timeout_, key_.get(), session_id_, token_, false, conn_id_,
+			   conn_id_, err);
 	if (fd_) {
 		logger("tcp")->warn("data connection to {} re-established", addr_.str());
 		backoff_.succeeded();

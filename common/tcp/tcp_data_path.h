@@ -8,6 +8,7 @@
 #include <memory>
 #include <span>
 
+#include "common/auth.h"
 #include "common/backoff.h"
 #include "common/tcp/socket.h"
 #include "common/transport.h"
@@ -18,7 +19,9 @@ class TcpDataPath final : public DataPath {
 public:
 	// Connects and joins the session at once (throws std::runtime_error if that fails).
 	// `session_lost` is set when a reconnect finds the session gone.
-	TcpDataPath(const SockAddr &addr, uint64_t session_id, uint64_t token,
+	// `key`: the cluster key (null: an --insecure memserver); every (re)connect authenticates.
+	TcpDataPath(const SockAddr &addr, std::shared_ptr<const AuthKey> key, uint64_t session_id,
+		    uint64_t token,
 		    std::chrono::milliseconds timeout, std::span<std::byte> region,
 		    std::shared_ptr<std::atomic<bool>> session_lost);
 
@@ -41,6 +44,7 @@ private:
 	void fail(int err);
 
 	const SockAddr addr_;
+	const std::shared_ptr<const AuthKey> key_;
 	const uint64_t session_id_;
 	const uint64_t token_;
 	const std::chrono::milliseconds timeout_;

@@ -31,6 +31,7 @@ write_conf() {
         echo "NBD_DEVICE=/dev/nbd7"
         echo "SWAP_PRIORITY=5"
         echo "SWAP_DISCARD=once"
+        echo "AUTH_KEY=$AUTH_KEY"
         printf '%s\n' "$@"
     } >"$conf"
 }
@@ -55,7 +56,7 @@ write_conf "REPLICAS=1" "STATUSFILE=$tmpdir/status"
 cat >"$tmpdir/want.txt" <<WANT
 # config: $conf
 ulimit -s 1024
-nbdkit --swap -f -U $sock -t 4 $PLUGIN server=$MEMSERVER_ADDR size=64M transport=tcp channels=4 timeout=5 replicas=1 statusfile=$tmpdir/status
+nbdkit --swap -f -U $sock -t 4 $PLUGIN server=$MEMSERVER_ADDR size=64M transport=tcp channels=4 timeout=5 replicas=1 statusfile=$tmpdir/status auth-key=$AUTH_KEY
 nbd-client -unix $sock /dev/nbd7 -swap -b 4096 -C 2
 mkswap /dev/nbd7
 swapon --priority 5 --discard=once /dev/nbd7

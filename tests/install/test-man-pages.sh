@@ -37,10 +37,10 @@ sections=$(render nbdkit-rdmaswap-plugin.1 | grep -E '^[A-Z][A-Z ]+$' | paste -s
 
 # Every key of the plugin's config help is documented under PARAMETERS, and nothing more.
 help=$(timeout 20 nbdkit "$PLUGIN" --help) || fail "nbdkit PLUGIN --help failed"
-keys=$(sed -n 's/^\([a-z_]*\)=.*/\1/p' <<<"$help" | sort -u)
+keys=$(sed -n 's/^\([a-z_-]*\)=.*/\1/p' <<<"$help" | sort -u)
 [[ -n $keys ]] || fail "no parameters found in nbdkit PLUGIN --help:"$'\n'"$help"
 documented=$(section nbdkit-rdmaswap-plugin.1 PARAMETERS |
-    sed -n 's/^       \([a-z_]*\)=.*/\1/p' | sort -u)
+    sed -n 's/^       \([a-z_-]*\)=.*/\1/p' | sort -u)
 [[ $keys == "$documented" ]] ||
     fail "plugin parameters: config help has [$(words "$keys")], the page documents [$(words "$documented")]"
 
@@ -54,7 +54,7 @@ documented=$(section rdmaswap-memserver.8 OPTIONS | grep -o -- '^       --[a-z][
 # Every key rdmaswapctl status prints is documented under OUTPUT.
 start_memserver 4M 1M
 keys=$(ctl_status "$MEMSERVER_PORT" | sed -n 's/^\([a-z_]*\)=.*/\1/p' | sort -u)
-documented=$(section rdmaswapctl.8 OUTPUT | sed -n 's/^       \([a-z_]*\)=.*/\1/p' | sort -u)
+documented=$(section rdmaswapctl.8 OUTPUT | sed -n 's/^       \([a-z_-]*\)=.*/\1/p' | sort -u)
 missing=$(comm -23 <(echo "$keys") <(echo "$documented"))
 [[ -z $missing ]] || fail "rdmaswapctl prints keys its page does not document: $(words "$missing")"
 log "man pages OK: ${pages[*]}"

@@ -23,7 +23,7 @@ cleanup_pid $!
 wait_until 10 "notify listener" grep -q bound "$tmpdir/notify.txt"
 
 NOTIFY_SOCKET=$sock "$MEMSERVER" --listen 127.0.0.1 --port "$port" --capacity 64M \
-    --slab-size 1M --transport tcp </dev/null >"$tmpdir/memserver.log" 2>&1 &
+    --slab-size 1M --transport tcp --auth-key "$AUTH_KEY" </dev/null >"$tmpdir/memserver.log" 2>&1 &
 pid=$!
 cleanup_pid $pid
 wait_until 30 "READY=1 on $sock" grep -qx READY=1 "$tmpdir/notify.txt"

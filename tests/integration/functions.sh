@@ -49,6 +49,13 @@ cleanup() {
 trap cleanup EXIT
 trap 'exit 130' INT TERM
 
+# The test cluster's key (mode 0600, as the programs demand). start_memserver, start_nbdkit and
+# ctl_status pass it unless the test gives --insecure / insecure=true / its own key.
+# make_key FILE: a fresh random key, mode 0600.
+make_key() { (umask 077 && head -c 32 /dev/urandom | od -An -tx1 | tr -d ' \n' >"$1"); }
+export AUTH_KEY="$tmpdir/auth.key"
+make_key "$AUTH_KEY"
+
 fail() { echo "FAIL: $0: $*" >&2; exit 1; }
 skip() { echo "SKIP: $0: $*" >&2; exit 77; }
 log()  { echo "$(basename "$0"): $*" >&2; }
@@ -102,8 +109,18 @@ wait_until() {
 }
 
 # ctl_status PORT: print `rdmaswapctl status` of the memserver on 127.0.0.1:PORT (bounded by timeout).
+# CTL_AUTH (default auth-key=$AUTH_KEY) is how it authenticates (insecure=true for --insecure).
 ctl_status() {
-    timeout 10 "$RDMASWAPCTL" status "server=127.0.0.1:$1"
+    timeout 10 "$RDMASWAPCTL" status "server=127.0.0.1:$1" "${CTL_AUTH:-auth-key=$AUTH_KEY}"
+}
+
+# has_auth_arg ARGS...: true if the arguments already choose how to authenticate.
+has_auth_arg() {
+    local a
+    for a in "$@"; do
+        case $a in --insecure | --auth-key | --auth-key=* | insecure=* | auth-key=*) return 0 ;; esac
+    done
+    return 1
 }
 
 # ctl_get PORT KEY: print the value of KEY in `rdmaswapctl status`; fail if it is missing.
@@ -116,13 +133,14 @@ ctl_get() {
 }
 
 # start_memserver CAPACITY SLAB_SIZE [EXTRA_ARGS...]
-# Starts a memserver on 127.0.0.1 on a free port, TCP transport, and waits until rdmaswapctl
-# status answers. Sets MEMSERVER_PID, MEMSERVER_PORT, MEMSERVER_ADDR (HOST:PORT), MEMSERVER_LOG.
+# Starts a memserver on 127.0.0.1 on a free port, TCP transport, with --auth-key $AUTH_KEY
+# unless EXTRA_ARGS say --insecure or --auth-key, and waits until rdmaswapctl status answers. Sets MEMSERVER_PID, MEMSERVER_PORT, MEMSERVER_ADDR (HOST:PORT), MEMSERVER_LOG.
 # Retries on a few ports in case another process grabbed the free port first.
 _memserver_count=0
 start_memserver() {
     local capacity=$1 slab=$2 deadline
     shift 2
+    has_auth_arg "$@" || set -- --auth-key "$AUTH_KEY" "$@"
     for _ in 1 2 3; do
         _memserver_count=$((_memserver_count + 1))
         MEMSERVER_PORT=$(free_port)
@@ -161,7 +179,8 @@ start_memserver() {
 # Starts `nbdkit -f -U $tmpdir/NAME.sock -P $tmpdir/NAME.pid [NBDKIT_ARGS] PLUGIN.so PLUGIN_ARGS`
 # in the background and waits for the socket and pid file. Sets NBDKIT_PID, NBDKIT_SOCK,
 # NBDKIT_URI (nbd+unix:///?socket=...), NBDKIT_LOG. Fails if nbdkit exits during startup.
-# The plugin defaults to the rdmaswap .so; set NBDKIT_PLUGIN to use another (e.g. memory).
+# The plugin defaults to the rdmaswap .so (given auth-key=$AUTH_KEY unless PLUGIN_ARGS say
+# insecure= or auth-key=); set NBDKIT_PLUGIN to use another (e.g. memory).
 start_nbdkit() {
     local name=$1 deadline plugin=${NBDKIT_PLUGIN:-$PLUGIN}
     shift
@@ -171,6 +190,9 @@ start_nbdkit() {
         shift
     done
     [[ ${1:-} == -- ]] && shift
+    if [[ -z ${NBDKIT_PLUGIN:-} ]] && ! has_auth_arg "$@"; then
+        set -- "$@" auth-key="$AUTH_KEY"
+    fi
     NBDKIT_SOCK="$tmpdir/$name.sock"
     # shellcheck disable=SC2034 # used by the test scripts
     NBDKIT_URI="nbd+unix:///?socket=$NBDKIT_SOCK"

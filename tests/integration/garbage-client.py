@@ -1,29 +1,29 @@
 #!/usr/bin/python3
 # SPDX-License-Identifier: MIT
-# garbage-client.py HOST PORT STATEFILE STOPFILE: hammer a memserver's TCP port with malformed and
-# hostile input until STOPFILE exists. Each round:
+# garbage-client.py HOST PORT STATEFILE STOPFILE KEYFILE: hammer a memserver's TCP port with
+# malformed and hostile input until STOPFILE exists. Each round:
 #   random bytes; a truncated header; valid headers with a huge or wrong body_len; a WRITE whose
-#   payload stops half-way; a header with a bad magic/version/op/flags; an idle connection left
-#   open (a few at a time); and a well-formed session that READs, WRITEs and FREEs slabs it never
-#   allocated (other sessions' slabs).
-# After every round it rewrites STATEFILE with "rounds=N accepted_foreign=M refused=K".
-# accepted_foreign counts foreign-slab operations the server answered with status 0: that is a
-# bug (another session's data read, overwritten or freed). Exits 1 if the server stops accepting
-# connections.
+#   payload stops half-way; a header with a bad magic/version/op/flags; requests (HELLO, ALLOC,
+#   STATS, READ, WRITE) without authentication or after a wrong AUTH_PROOF; an idle connection
+#   left open (a few at a time); and an authenticated session (KEYFILE) that READs, WRITEs and
+#   FREEs slabs it never allocated (other sessions' slabs).
+# After every round it rewrites STATEFILE with
+#   "rounds=N accepted_foreign=M accepted_unauth=U refused=K".
+# accepted_foreign counts foreign-slab operations the server answered with status 0, and
+# accepted_unauth requests it answered with status 0 before authentication: both are bugs.
+# Exits 1 if the server stops accepting connections.
 import os, random, socket, struct, sys, time
 
-MAGIC, VERSION = 0x57534452, 1
-HELLO, ALLOC, FREE, READ, WRITE, STATS = 1, 2, 3, 4, 5, 6
-RESPONSE = 1
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from rdmaswap_wire import (ALLOC, AUTH, AUTH_PROOF, FREE, HELLO, READ, RESPONSE, STATS, VERSION,
+                           WRITE, Closed, call, header, key_id, load_key)
+import rdmaswap_wire as wire
 
 host, port, statefile, stopfile = sys.argv[1], int(sys.argv[2]), sys.argv[3], sys.argv[4]
+key = load_key(sys.argv[5])
 rng = random.Random(int(os.environ.get("GARBAGE_SEED", "7")))
-rounds = accepted_foreign = refused = 0
+rounds = accepted_foreign = accepted_unauth = refused = 0
 idle = []
-
-
-def header(op, body_len, request_id=1, flags=0, status=0, magic=MAGIC, version=VERSION, reserved=0):
-    return struct.pack("<IBBHIIQQ", magic, version, op, flags, status, body_len, request_id, reserved)
 
 
 def connect():
@@ -53,21 +53,28 @@ def send_and_close(data, linger=0.0):
         s.close()
 
 
-def recv_exact(s, n):
-    buf = b""
-    while len(buf) < n:
-        chunk = s.recv(n - len(buf))
-        if not chunk:
-            raise ConnectionError("closed")
-        buf += chunk
-    return buf
-
-
-def call(s, op, body, request_id):
-    s.sendall(header(op, len(body), request_id) + body)
-    magic, ver, rop, flags, status, body_len, rid, _ = struct.unpack("<IBBHIIQQ", recv_exact(s, 32))
-    payload = recv_exact(s, body_len) if body_len <= (1 << 21) else b""
-    return status, payload
+def unauthenticated(op, body, wrong_proof=False):
+    """A request without (or after a failed) authentication: it must be refused."""
+    global accepted_unauth, refused
+    s = connect()
+    try:
+        if wrong_proof:
+            st, reply = call(s, AUTH, os.urandom(32) + struct.pack("<QQ", key_id(key), 0))
+            if st == 0:
+                st, _ = call(s, AUTH_PROOF, os.urandom(32))
+                if st == 0:
+                    accepted_unauth += 1
+        st, _ = call(s, op, body)
+        if st == 0:
+            accepted_unauth += 1
+            print("garbage-client: server ANSWERED op %d without authentication" % op,
+                  file=sys.stderr, flush=True)
+        else:
+            refused += 1
+    except (OSError, Closed):
+        refused += 1               # hanging up is a fine answer too
+    finally:
+        s.close()
 
 
 def hostile_session():
@@ -75,10 +82,12 @@ def hostile_session():
     global accepted_foreign, refused
     s = connect()
     try:
-        status, body = call(s, HELLO, struct.pack("<IIQQ", VERSION, 0, 0, 0), 1)
-        if status != 0 or len(body) != 40:
+        if wire.authenticate(s, key) != 0:
             return
-        slab_size, slabs_total = struct.unpack_from("<QI", body, 16)
+        status, info = wire.hello(s)
+        if status != 0:
+            return
+        slab_size, slabs_total = info["slab_size"], info["slabs_total"]
         rid = 2
         for _ in range(8):
             slab = rng.randrange(max(slabs_total, 1) + 2)      # also ids past the end
@@ -104,7 +113,7 @@ def hostile_session():
         st, _ = call(s, READ, struct.pack("<IIQ", 0, 0xFFFFFFFF, 0), rid + 1)
         if st == 0:
             accepted_foreign += 1
-    except (OSError, ConnectionError):
+    except (OSError, Closed):
         pass                       # hanging up on a hostile client is a fine answer
     finally:
         s.close()
@@ -131,6 +140,11 @@ def one_round():
     send_and_close(header(READ, 16) + struct.pack("<IIQ", 0, 4096, 0), linger=0.05)
     send_and_close(header(WRITE, 16 + 4096) + struct.pack("<IIQ", 0, 4096, 0) + rng.randbytes(4096),
                    linger=0.05)
+    # Requests without authentication, and after a wrong proof: refused.
+    unauthenticated(HELLO, struct.pack("<IIQQQ", VERSION, 0, 0, 0, 0))
+    unauthenticated(STATS, b"")
+    unauthenticated(ALLOC, b"", wrong_proof=True)
+    unauthenticated(READ, struct.pack("<IIQ", 0, 4096, 0), wrong_proof=True)
     # Idle connections that never send a full header, kept open (up to 16 at a time).
     s = connect()
     s.sendall(header(HELLO, 24)[:5])
@@ -143,7 +157,8 @@ def one_round():
 def save_state():
     tmp = statefile + ".tmp"
     with open(tmp, "w") as f:
-        f.write("rounds=%d accepted_foreign=%d refused=%d\n" % (rounds, accepted_foreign, refused))
+        f.write("rounds=%d accepted_foreign=%d accepted_unauth=%d refused=%d\n"
+                % (rounds, accepted_foreign, accepted_unauth, refused))
     os.rename(tmp, statefile)
 
 

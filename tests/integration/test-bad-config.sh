@@ -2,6 +2,7 @@
 # SPDX-License-Identifier: MIT
 # Bad configuration makes nbdkit fail at startup, quickly, with a message that names the problem:
 # an unknown key, a missing size, a bad size, a bad transport, no server, an unreachable server.
+# (Authentication mistakes: test-auth.sh.)
 set -euo pipefail
 source "$(dirname "$0")/functions.sh"
 requires nbdkit --version
@@ -26,13 +27,14 @@ deadport=$(cat "$tmpdir/deadport")
 
 n=0
 # expect_fail REGEX PLUGIN_ARGS...: nbdkit must exit non-zero within 20 s and print REGEX (grep -Ei)
-# on stderr. With -f and no --run, a server that does not fail would run until timeout kills it.
+# on stderr (PLUGIN_ARGS get auth-key=$AUTH_KEY unless they choose otherwise). With -f and no --run, a server that does not fail would run until timeout kills it.
 expect_fail() {
     local regex=$1 rc=0 start
     shift
     n=$((n + 1))
     local err="$tmpdir/bad-$n.err"
     start=$SECONDS
+    has_auth_arg "$@" || set -- "$@" auth-key="$AUTH_KEY"
     timeout 20 nbdkit -f -U "$tmpdir/bad-$n.sock" "$PLUGIN" "$@" </dev/null >/dev/null 2>"$err" || rc=$?
     log "case $n: nbdkit rdmaswap $* -> exit $rc after $((SECONDS - start))s: $(tr '\n' ' ' <"$err")"
     [[ $rc -ne 124 ]] || fail "nbdkit rdmaswap $* did not fail within 20 s (still serving)"

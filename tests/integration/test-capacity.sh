@@ -17,7 +17,8 @@ nbdsh_run -u "$NBDKIT_URI" -c - <<'PY'
 import errno, os, subprocess, sys, time
 slab = 1 << 20
 def status(key):
-    out = subprocess.run([os.environ["ctl"], "status", "server=127.0.0.1:" + os.environ["port"]],
+    out = subprocess.run([os.environ["ctl"], "status", "server=127.0.0.1:" + os.environ["port"],
+                         "auth-key=" + os.environ["AUTH_KEY"]],
                          check=True, capture_output=True, text=True, timeout=10).stdout
     return int(next(l.split("=", 1)[1] for l in out.splitlines() if l.startswith(key + "=")))
 

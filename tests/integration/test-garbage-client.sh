@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # SPDX-License-Identifier: MIT
 # While fio writes and verifies through the plugin, a hostile client hammers the memserver's TCP
-# port with garbage (random bytes, truncated headers, huge lengths, idle connections, I/O on other
-# sessions' slabs). fio's verify still passes, the memserver refuses every foreign-slab operation
+# port with garbage (random bytes, truncated headers, huge lengths, idle connections, requests
+# without authentication or with a wrong proof, I/O on other sessions' slabs). fio's verify still passes, the memserver refuses every foreign-slab operation
 # and still answers rdmaswapctl status.
 set -euo pipefail
 source "$(dirname "$0")/functions.sh"
@@ -15,7 +15,7 @@ start_memserver 64M 1M
 start_nbdkit fio -- server="$MEMSERVER_ADDR" size=48M
 
 state="$tmpdir/garbage.state" stop="$tmpdir/garbage.stop"
-"$PYTHON" "$here/garbage-client.py" 127.0.0.1 "$MEMSERVER_PORT" "$state" "$stop" \
+"$PYTHON" "$here/garbage-client.py" 127.0.0.1 "$MEMSERVER_PORT" "$state" "$stop" "$AUTH_KEY" \
     2>"$tmpdir/garbage.log" &
 garbage_pid=$!
 cleanup_pid "$garbage_pid"
@@ -42,6 +42,8 @@ grc=0; wait "$garbage_pid" || grc=$?
 cat "$tmpdir/garbage.log" >&2
 [[ $grc -eq 0 ]] || fail "garbage client exited $grc (memserver stopped accepting connections?)"
 grep -q 'accepted_foreign=0 ' "$state" || fail "memserver accepted operations on slabs a session never allocated: $(cat "$state")"
+grep -q 'accepted_unauth=0 ' "$state" || fail "memserver answered requests without authentication: $(cat "$state")"
+grep -q 'refused=[1-9]' "$state" || fail "the hostile session never ran (no refusals): $(cat "$state")"
 
 kill -0 "$MEMSERVER_PID" 2>/dev/null || fail "memserver died"
 ctl_status "$MEMSERVER_PORT" >/dev/null || fail "memserver no longer answers rdmaswapctl status"

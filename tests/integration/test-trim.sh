@@ -25,7 +25,8 @@ assert h.can_zero(), "plugin does not advertise write-zeroes"
 shadow = bytearray(size)
 
 def slabs_used():
-    out = subprocess.run([os.environ["ctl"], "status", "server=127.0.0.1:" + os.environ["port"]],
+    out = subprocess.run([os.environ["ctl"], "status", "server=127.0.0.1:" + os.environ["port"],
+                         "auth-key=" + os.environ["AUTH_KEY"]],
                          check=True, capture_output=True, text=True, timeout=10).stdout
     for line in out.splitlines():
         if line.startswith("slabs_used="):

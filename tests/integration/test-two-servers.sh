@@ -21,7 +21,8 @@ NBDSH_TIMEOUT=55 nbdsh_run -u "$NBDKIT_URI" -c - <<'PY'
 import errno, os, signal, subprocess, sys, time
 slab = 1 << 20
 def used(port):
-    out = subprocess.run([os.environ["ctl"], "status", "server=127.0.0.1:" + port],
+    out = subprocess.run([os.environ["ctl"], "status", "server=127.0.0.1:" + port,
+                         "auth-key=" + os.environ["AUTH_KEY"]],
                          check=True, capture_output=True, text=True, timeout=10).stdout
     return int(next(l.split("=", 1)[1] for l in out.splitlines() if l.startswith("slabs_used=")))
 

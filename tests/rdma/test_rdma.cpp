@@ -11,7 +11,9 @@
 #include <thread>
 #include <vector>
 
+#include "common/auth.h"
 #include "common/log.h"
+#include "common/tcp/rpc.h"
 #include "common/rdma/rdma_client.h"
 #include "common/remote_server.h"
 #include "common/volume.h"
@@ -23,6 +25,12 @@ namespace {
 
 std::string g_addr;
 
+// The cluster key of these tests (the memserver refuses to run without one unless --insecure).
+std::shared_ptr<const AuthKey> test_key(const char *text = "rdma test key, rdma test key!")
+{
+	return std::make_shared<const AuthKey>(std::as_bytes(std::span(text, std::strlen(text))));
+}
+
 // A memserver on g_addr with RDMA, running on its own thread for the test's lifetime.
 struct TestServer {
 	explicit TestServer(uint64_t capacity = 512ull << 20, uint64_t slab = 64ull << 20)
@@ -33,6 +41,7 @@ struct TestServer {
 		o.capacity = capacity;
 		o.slab_size = slab;
 		o.transport = TransportKind::Rdma;
+		o.auth_keys.push_back(test_key());
 		server = std::make_unique<Memserver>(o);
 		thread = std::thread([this] { server->run(); });
 	}
@@ -59,6 +68,7 @@ struct Client {
 		o.kind = TransportKind::Rdma;
 		o.rdma = ctx.get();
 		o.timeout = timeout;
+		o.auth_key = test_key();
 		server = std::make_unique<RemoteServer>(o);
 		region.resize(4 << 20);
 		path = server->open_data_path(region);
@@ -112,6 +122,7 @@ TEST_CASE("Volume over RDMA moves hundreds of MiB with no memserver CPU per page
 	o.endpoint = ts.endpoint();
 	o.kind = TransportKind::Rdma;
 	o.rdma = ctx.get();
+	o.auth_key = test_key();
 	std::vector<std::unique_ptr<Server>> servers;
 	servers.push_back(std::make_unique<RemoteServer>(o));
 	VolumeOptions vo;
@@ -181,6 +192,39 @@ TEST_CASE("A freed slab is unreachable with its old rkey and zeroed for the next
 		std::vector<std::byte> zeros(65536);
 		CHECK(std::memcmp(b.region.data(), zeros.data(), 65536) == 0);
 	}
+}
+
+TEST_CASE("A QP attach must prove the session's attach key; another key gets no session")
+{
+	TestServer ts;
+	const Endpoint ep = ts.endpoint();
+	const auto timeout = std::chrono::seconds(5);
+	rdma::ClientContext ctx(ep, timeout);
+	std::vector<std::byte> region(1 << 20);
+	auto lost = std::make_shared<std::atomic<bool>>(false);
+	ControlClient cc(resolve(ep), timeout, test_key());
+	proto::HelloReply hello;
+	REQUIRE(cc.open_session(true, hello) == 0);
+	REQUIRE(cc.attach_key() != Mac{});
+	// The right session id and token, but not the attach key: refused.
+	Mac wrong = cc.attach_key();
+	wrong[0] ^= std::byte{1};
+	REQUIRE_THROWS_WITH(ctx.open_data_path(ep, cc.session_id(), cc.token(), wrong, timeout,
+					       region, lost),
+			    Catch::Contains("refused"));
+	CHECK(ts.server->stats().rdma_qps == 0);
+	// With it: attached, and a granted slab is usable.
+	auto path = ctx.open_data_path(ep, cc.session_id(), cc.token(), cc.attach_key(), timeout,
+				       region, lost);
+	proto::AllocReply grant;
+	REQUIRE(cc.alloc(grant) == 0);
+	SlabGrant g{grant.slab_id, grant.length, grant.addr, grant.rkey};
+	REQUIRE(path->post_write(g, 0, 4096, region.data()) == 0);
+	REQUIRE(path->complete() == 0);
+	// A client with another key never gets a session (so no token, no rkey).
+	ControlClient other(resolve(ep), timeout, test_key("another key, another key, another"));
+	CHECK(other.open_session(true, hello) == EACCES);
+	CHECK(ts.server->stats().sessions == 1);
 }
 
 TEST_CASE("A memserver that goes away makes I/O fail with EIO promptly")

@@ -366,14 +366,15 @@ run_rdma_tests() {
     esac
 }
 
-ctl_ok() { rdmaswapctl status "server=$ADDR:$PORT" > /run/ctl.out 2>&1; }
+AUTH_KEY=/etc/rdmaswap/auth.key # the cluster key run-vm-test.sh put in the initramfs
+ctl_ok() { rdmaswapctl status "server=$ADDR:$PORT" "auth-key=$AUTH_KEY" > /run/ctl.out 2>&1; }
 ms_ready() { alive "$MS_PID" && ctl_ok; }
 
 # start_memserver TRANSPORT
 start_memserver() {
     say "starting rdmaswap-memserver --transport $1 --capacity $CAPACITY --slab-size $SLAB"
     rdmaswap-memserver --listen "$ADDR" --port "$PORT" --capacity "$CAPACITY" \
-        --slab-size "$SLAB" --transport "$1" > "$MS_LOG" 2>&1 &
+        --slab-size "$SLAB" --transport "$1" --auth-key "$AUTH_KEY" > "$MS_LOG" 2>&1 &
     MS_PID=$!
     echo -1000 > "/proc/$MS_PID/oom_score_adj" 2>/dev/null
     _t0=$(uptime_s)
@@ -490,7 +491,8 @@ setup_backend() {
         tcp|rdma)
             start_memserver "$1"
             # shellcheck disable=SC2086
-            start_nbdkit rdmaswap "server=$ADDR:$PORT" "size=$NBD_SIZE" "transport=$1" $PLUGIN_ARGS
+            start_nbdkit rdmaswap "server=$ADDR:$PORT" "size=$NBD_SIZE" "transport=$1" \
+                "auth-key=$AUTH_KEY" $PLUGIN_ARGS
             ;;
     esac
 }
@@ -838,7 +840,8 @@ twohost_client() {
     fi
     : > /run/nbdkit.log
     # shellcheck disable=SC2086
-    start_nbdkit rdmaswap "server=$ADDR:$PORT" "size=$NBD_SIZE" transport=rdma $PLUGIN_ARGS
+    start_nbdkit rdmaswap "server=$ADDR:$PORT" "size=$NBD_SIZE" transport=rdma \
+        "auth-key=$AUTH_KEY" $PLUGIN_ARGS
 
     # plain block I/O first: a few MiB written, read back after dropping the page cache
     nbd_connect

@@ -506,6 +506,9 @@ EOF
 printf 'root:x:0:0:root:/root:/bin/sh\n' > "$ROOT/etc/passwd"
 printf 'root:x:0:\n' > "$ROOT/etc/group"
 install -m 0755 "$GUEST_INIT" "$ROOT/init"
+# The cluster key (one initramfs, so both VMs of twohost share it), mode 0600 as demanded.
+mkdir -p "$ROOT/etc/rdmaswap"
+(umask 077 && head -c 32 /dev/urandom | od -An -tx1 | tr -d ' \n' >"$ROOT/etc/rdmaswap/auth.key")
 mknod -m 0600 "$ROOT/dev/console" c 5 1 2> /dev/null || true
 
 INITRD=$WORK/initramfs.cpio

@@ -1,0 +1,116 @@
+# SPDX-License-Identifier: MIT
+# The rdmaswap wire protocol (common/protocol.h) and its authentication (common/auth.h) in a few
+# lines of Python, for test clients and impostor servers that speak it byte by byte.
+import hashlib
+import hmac
+import os
+import socket
+import struct
+
+MAGIC, VERSION = 0x57534452, 1
+HELLO, ALLOC, FREE, READ, WRITE, STATS, LIST = 1, 2, 3, 4, 5, 6, 7
+AUTH, AUTH_PROOF = 16, 17
+RESPONSE = 1
+EACCES, ENOENT = 13, 2
+HEADER = struct.Struct("<IBBHIIQQ")
+
+
+class Closed(Exception):
+    """The peer closed the connection."""
+
+
+def header(op, body_len, request_id=1, flags=0, status=0, magic=MAGIC, version=VERSION, reserved=0):
+    return HEADER.pack(magic, version, op, flags, status, body_len, request_id, reserved)
+
+
+def parse_header(b):
+    magic, version, op, flags, status, body_len, request_id, reserved = HEADER.unpack(b)
+    return dict(magic=magic, version=version, op=op, flags=flags, status=status,
+                body_len=body_len, request_id=request_id, reserved=reserved)
+
+
+def recv_exact(s, n):
+    buf = b""
+    while len(buf) < n:
+        chunk = s.recv(n - len(buf))
+        if not chunk:
+            raise Closed("connection closed after %d of %d bytes" % (len(buf), n))
+        buf += chunk
+    return buf
+
+
+def call(s, op, body=b"", request_id=1):
+    """Send a request, return (status, reply body). Raises Closed if the server hangs up."""
+    s.sendall(header(op, len(body), request_id) + body)
+    h = parse_header(recv_exact(s, 32))
+    payload = recv_exact(s, h["body_len"]) if h["body_len"] <= (1 << 21) else b""
+    return h["status"], payload
+
+
+def load_key(path):
+    with open(path, "rb") as f:
+        return f.read().rstrip(b"\r\n\t ")
+
+
+def mac(key, label, *parts):
+    return hmac.new(key, label + b"".join(parts), hashlib.sha256).digest()
+
+
+def key_id(key):
+    return struct.unpack("<Q", mac(key, b"rdmaswap-key-id-v1")[:8])[0]
+
+
+def authenticate(s, key):
+    """Run AUTH + AUTH_PROOF with `key`. Returns 0 or the errno the server answered; raises
+    ValueError if the server did not prove it holds the key."""
+    nc = os.urandom(32)
+    status, body = call(s, AUTH, nc + struct.pack("<QQ", key_id(key), 0))
+    if status:
+        return status
+    ns, smac = body[:32], body[32:64]
+    if not hmac.compare_digest(smac, mac(key, b"rdmaswap-auth-server-v1", nc, ns)):
+        raise ValueError("server failed to prove it holds the key")
+    status, _ = call(s, AUTH_PROOF, mac(key, b"rdmaswap-auth-client-v1", nc, ns))
+    return status
+
+
+def hello(s, session_id=0, token=0):
+    """HELLO (a new session unless given one). Returns (status, dict of the reply)."""
+    status, body = call(s, HELLO, struct.pack("<IIQQQ", VERSION, 0, session_id, token, 0))
+    if status or len(body) != 48:
+        return status or -1, {}
+    sid, tok, slab_size, total, free, max_io, flags, conn = struct.unpack("<QQQIIIIQ", body)
+    return 0, dict(session_id=sid, token=tok, slab_size=slab_size, slabs_total=total,
+                   slabs_free=free, max_io=max_io, conn_id=conn)
+
+
+def connect(host, port, timeout=10):
+    return socket.create_connection((host, port), timeout=timeout)
+
+
+def session(host, port, key):
+    """An authenticated connection with a new session: (socket, hello reply)."""
+    s = connect(host, port)
+    st = authenticate(s, key)
+    if st:
+        raise RuntimeError("authentication refused: errno %d" % st)
+    st, info = hello(s)
+    if st:
+        raise RuntimeError("HELLO refused: errno %d" % st)
+    return s, info
+
+
+def io(s, op, slab, off, length, data=b"", request_id=1):
+    body = struct.pack("<IIQ", slab, length, off)
+    return call(s, op, body + data, request_id)
+
+
+def alloc(s):
+    status, body = call(s, ALLOC)
+    if status:
+        return status, None
+    return 0, struct.unpack_from("<I", body)[0]
+
+
+def free(s, slab):
+    return call(s, FREE, struct.pack("<II", slab, 0))[0]
