@@ -6,6 +6,7 @@
 
 #include <cerrno>
 #include <cstdio>
+#include <cstddef>
 #include <cstring>
 
 #ifndef PR_SET_IO_FLUSHER
@@ -33,6 +34,19 @@ std::string lock_memory_onfault()
 	if (mlockall(MCL_FUTURE | MCL_ONFAULT) != 0)
 		return std::string("mlockall(MCL_FUTURE|MCL_ONFAULT): ") + std::strerror(errno);
 	return {};
+}
+
+void prefault_stack(size_t bytes)
+{
+	// A variable-length array would do it in one frame; a fixed chunk per recursion level
+	// keeps the compiler from folding it away and stays within the requested depth.
+	constexpr size_t kChunk = 16 * 1024;
+	volatile unsigned char chunk[kChunk];
+	for (size_t i = 0; i < kChunk; i += 4096)
+		chunk[i] = 0;
+	if (bytes > kChunk)
+		prefault_stack(bytes - kChunk);
+	chunk[0] = chunk[kChunk - 1];
 }
 
 long locked_kib()

@@ -3,6 +3,7 @@
 // that serving a page-out never waits on the reclaim that the page-out is meant to satisfy.
 #pragma once
 
+#include <cstddef>
 #include <string>
 
 namespace rdmaswap {
@@ -17,6 +18,11 @@ std::string set_io_flusher();
 // in (MCL_FUTURE | MCL_ONFAULT: a new 8 MiB thread stack does not get populated at once).
 // Returns "" on success, else why not.
 std::string lock_memory_onfault();
+
+// Touches `bytes` of the calling thread's stack now, so that serving requests later does not
+// fault in stack pages (under MCL_FUTURE | MCL_ONFAULT they then stay locked). A page fault on
+// the swap path needs a free page exactly when there may be none. Call first thing in a thread.
+void prefault_stack(size_t bytes = 256 * 1024);
 
 // VmLck of this process in KiB (from /proc/self/status; 0 if unknown).
 long locked_kib();

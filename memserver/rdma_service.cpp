@@ -18,6 +18,7 @@
 
 #include "common/auth.h"
 #include "common/log.h"
+#include "common/swap_safety.h"
 #include "common/tcp/socket.h"
 #include "common/rdma/rdma_client.h"
 #include "common/rdma/verbs.h"
@@ -107,7 +108,10 @@ RdmaService::RdmaService(const std::string &listen, uint16_t port, SlabPool &poo
 	}
 	if (rdma_listen(raw, 64))
 		throw std::runtime_error(errno_text("rdma_listen"));
-	impl_->thread = std::thread([this] { impl_->loop(); });
+	impl_->thread = std::thread([this] {
+		prefault_stack();
+		impl_->loop();
+	});
 	logger("rdma")->info("RDMA listening on {}:{}", listen, port);
 }
 

@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "common/log.h"
+#include "common/swap_safety.h"
 #include "memserver/rdma_service.h"
 
 namespace rdmaswap {
@@ -283,6 +284,7 @@ void Memserver::accept_loop()
 		Conn &ref = *c;
 		conns_.push_back(std::move(c));
 		ref.thread = std::thread([this, &ref] {
+			prefault_stack();
 			serve(ref);
 			ref.done.store(true);
 		});
