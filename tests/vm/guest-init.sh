@@ -117,6 +117,11 @@ file_tail() {   # file_tail FILE N LABEL
 
 diagnostics() {
     file_tail /run/memserver.log 40 "memserver log"
+    for _f in /run/memserver-*.log; do
+        [ -e "$_f" ] && file_tail "$_f" 20 "memserver log"
+    done
+    file_tail "$STATUSFILE" 30 "plugin statusfile"
+    file_tail /run/nbddrive.out 20 "nbddrive output"
     if [ -s /run/nbdkit.log ]; then
         echo "----- nbdkit log (first 20 lines of /run/nbdkit.log) -----"
         head -n 20 /run/nbdkit.log
