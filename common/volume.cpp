@@ -797,6 +797,16 @@ bool Volume::repair(uint64_t slab, Channel &ch)
 		std::unique_lock ex(s.mu);
 		if (s.nrep == 0)
 			return false;
+		if (tagged_) {
+			// Invalid replicas leave the set below, but their donors may still hold them
+			// (a hung donor): the good ones get a higher epoch first, so that a restart
+			// never takes a dropped replica for a current one.
+			uint8_t goodmask = 0;
+			for (unsigned i = 0; i < s.nrep; i++)
+				goodmask |= uint8_t(valid(s.rep[i]) << i);
+			if (goodmask && goodmask != (1u << s.nrep) - 1)
+				fence_stale(slab, goodmask); // a donor failing it is invalidated
+		}
 		Replica good[kMaxReplicas];
 		unsigned ngood = 0;
 		for (unsigned i = 0; i < s.nrep; i++)
