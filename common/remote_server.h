@@ -51,7 +51,7 @@ public:
 	std::unique_ptr<DataPath> open_data_path(std::span<std::byte> region) override;
 	bool session_alive() const override;
 	uint32_t slabs_free() const override { return free_.load(); }
-	bool bound() const override { return !opts_.volume.empty() && opts_.lease_s > 0; }
+	bool bound() const override { return !opts_.volume.empty(); }
 	bool reattached() const override { return reattached_; }
 	int alloc_tagged(uint64_t chunk, uint64_t epoch, SlabGrant &out) override;
 	int set_tag(uint32_t id, uint64_t chunk, uint64_t epoch) override;

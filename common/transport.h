@@ -98,7 +98,7 @@ public:
 
 	// --- Reattach (volume=, lease=; docs/replication.md "Restart"). The defaults describe a
 	// server whose session is not bound to a volume: nothing survives it.
-	// True if the session is bound to a volume with a lease (tags and epochs matter).
+	// True if the session is bound to a volume (tags and epochs matter).
 	virtual bool bound() const { return false; }
 	// True if binding took over a detached session of the volume (its slabs are ours now).
 	virtual bool reattached() const { return false; }

@@ -12,7 +12,7 @@
 // - A read that fails on one replica falls back to another. When no valid replica of a slab
 //   is left, its reads and writes fail with EIO: never zeros, never stale bytes.
 // - A background thread restores `replicas` copies of degraded slabs on other donors.
-// - Reattach (servers bound to a volume with a lease, Server::bound()): every replica is
+// - Reattach (servers bound to a volume, Server::bound()): every replica is
 //   tagged on its memserver with (chunk, epoch). A write acknowledged by fewer than
 //   `replicas` replicas first raises the epoch of those that took it above every replica
 //   that did not (and records the epoch as a floor on the other donors), so a restarted
@@ -200,7 +200,7 @@ private:
 	std::mutex place_mu_;  // placement (rng, load snapshot): allocation path only
 	std::minstd_rand rng_;
 
-	bool tagged_ = false; // every server is bound to the volume with a lease
+	bool tagged_ = false; // every server is bound to the volume
 	std::atomic<uint64_t> repaired_{0}, repair_bytes_{0}, server_failures_{0};
 	std::atomic<uint64_t> epoch_raises_{0}, reattached_{0}, reattach_stale_{0};
 	std::mutex repair_mu_;
