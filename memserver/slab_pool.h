@@ -42,6 +42,19 @@ public:
 	// The slabs `owner` holds (control path).
 	std::vector<uint32_t> owned_by(uint64_t owner) const;
 
+	// Reattach (control path). A slab's tag says which chunk of its client's volume it holds
+	// and the chunk's epoch; a fresh slab has tag {0, 0}, and release() clears it.
+	struct Tag {
+		uint64_t chunk = 0;
+		uint64_t epoch = 0;
+	};
+	// Set the tag of a slab `owner` holds; false if it does not hold it.
+	bool set_tag(uint32_t id, uint64_t owner, const Tag &tag);
+	Tag tag(uint32_t id) const;
+	// Hand every slab `from` holds to `to` (a session taking over a detached one); their
+	// content and tags are kept. Returns how many.
+	uint32_t reassign(uint64_t from, uint64_t to);
+
 	// Data path. On success returns a pointer to [off, off+len) of slab `id`, which `owner`
 	// holds, and counts an in-flight access that end_access() must close. nullptr if the slab
 	// is not owner's or the range is outside it. No lock, no allocation.
@@ -52,6 +65,7 @@ private:
 	struct Slab {
 		std::atomic<uint64_t> owner{0}; // 0: free; kReleasing while being zeroed
 		std::atomic<uint32_t> inflight{0};
+		Tag tag; // guarded by mu_ (control path only)
 	};
 	static constexpr uint64_t kReleasing = ~uint64_t(0);
 	void wipe(uint32_t id);
@@ -61,7 +75,7 @@ private:
 	uint32_t nslabs_;
 	std::byte *base_ = nullptr;
 	std::unique_ptr<Slab[]> slabs_;
-	mutable std::mutex mu_; // guards free_
+	mutable std::mutex mu_; // guards free_ and the tags
 	std::vector<uint32_t> free_;
 };
 
