@@ -1175,7 +1175,11 @@ reattach_run() {   # reattach_run block|swap tcp|rdma
         _t0=$(uptime_s)
         run_bounded 120 /run/dd-write.log dd if=/run/pattern of=/dev/nbd0 bs=1M conv=fsync \
             || { cat /run/dd-write.log; fail "[$CUR] writing $REA_MIB MiB to /dev/nbd0 failed"; }
-        say "[$CUR] $REA_MIB MiB of random data written in $(elapsed "$_t0" "$(uptime_s)") s;" \
+        _t1=$(uptime_s)
+        # the status file is rewritten every second
+        wait_until 5 eval '[ "$(status_value slabs_live)" -gt 0 ] 2>/dev/null' \
+            || fail "[$CUR] the plugin's status shows no live slab after the write (slabs_live=$(status_value slabs_live))"
+        say "[$CUR] $REA_MIB MiB of random data written in $(elapsed "$_t0" "$_t1") s;" \
             "plugin: slabs_live=$(status_value slabs_live)"
         rea_kill_nbdkit
         # the kernel's socket is dead: take the device down (nbd-client in netlink mode cannot
