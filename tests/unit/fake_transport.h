@@ -238,7 +238,9 @@ public:
 	explicit FakeServer(std::shared_ptr<FakeBackend> b) : b_(std::move(b))
 	{
 		std::lock_guard lock(b_->mu);
-		reattached_ = b_->reattach.load() && !b_->slabs.empty();
+		// As the memserver: a kept session is taken over (BIND says reattached) whatever it
+		// holds, slabs or only floors; a donor with neither stands for one that kept nothing.
+		reattached_ = b_->reattach.load() && (!b_->slabs.empty() || !b_->floors.empty());
 	}
 
 	const ServerInfo &info() const override { return b_->info; }
