@@ -33,6 +33,9 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 		if (!ep)
 			continue;
 		FUZZ_CHECK(!ep->host.empty());
+		for (const char c : ep->host)
+			FUZZ_CHECK(!std::iscntrl(static_cast<unsigned char>(c)) &&
+				   !std::isspace(static_cast<unsigned char>(c)));
 		const auto again = parse_endpoint(ep->str(), d);
 		FUZZ_CHECK(again && again->host == ep->host && again->port == ep->port);
 	}
