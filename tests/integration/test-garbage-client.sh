@@ -26,13 +26,18 @@ before=$(rounds)
 fio_args=(--ioengine=nbd --uri="$NBDKIT_URI" --rw=randwrite --bssplit=4k/50:128k/50
           --iodepth=16 --numjobs=3 --size=16M --offset_increment=16M --loops=30
           --verify=crc32c --verify_fatal=1 --verify_state_save=0 --randseed=99 --output-format=json)
-rc=0
-timeout 50 fio --name=under-fire --do_verify=1 "${fio_args[@]}" >"$tmpdir/fio1.json" || rc=$?
-after=$(rounds)
+# fio passes (each writes and verifies everything) until at least 3 garbage rounds overlapped
+# them: on an idle machine one pass can end before the garbage client has done 3 rounds.
+for ((pass = 1; pass <= 5; pass++)); do
+    rc=0
+    timeout 50 fio --name=under-fire --do_verify=1 "${fio_args[@]}" >"$tmpdir/fio1.json" || rc=$?
+    after=$(rounds)
+    [[ $rc -eq 0 ]] || { cat "$tmpdir/fio1.json" >&2; fail "fio write+verify failed (exit $rc) under garbage"; }
+    "$PYTHON" "$here/fio-check.py" "$tmpdir/fio1.json" $((48 * 1024 * 1024 * 9 / 10)) || fail "fio: see above"
+    ((after - before < 3)) || break
+done
 touch "$stop"
-log "garbage rounds during fio: $((after - before)); $(cat "$state")"
-[[ $rc -eq 0 ]] || { cat "$tmpdir/fio1.json" >&2; fail "fio write+verify failed (exit $rc) under garbage"; }
-"$PYTHON" "$here/fio-check.py" "$tmpdir/fio1.json" $((48 * 1024 * 1024 * 9 / 10)) || fail "fio: see above"
+log "garbage rounds during $pass fio pass(es): $((after - before)); $(cat "$state")"
 ((after - before >= 3)) || fail "only $((after - before)) garbage rounds completed while fio ran: too few to prove anything"
 
 # The garbage client ends by itself after the stop file; it fails only if the server stopped
