@@ -35,11 +35,12 @@ asan_setup=(-Db_sanitize=address,undefined -Doptimization=1
 	-Dcpp_link_args=-fno-sanitize-recover=all)
 fuzz_setup=(-Dfuzzing=enabled -Dtests=disabled)
 
-# setup_build NAME DIR [MESON SETUP OPTIONS...]: set up (or reconfigure) DIR with --werror and
-# build it; then mark it built (DIR/.rdmaswap-built).
+# setup_build NAME DIR NINJA_TARGET [MESON SETUP OPTIONS...]: set up (or reconfigure) DIR with
+# --werror and build NINJA_TARGET in it ("" for everything); then mark it built
+# (DIR/.rdmaswap-built).
 setup_build() {
-	local name=$1 dir=$2 start=$SECONDS
-	shift 2
+	local name=$1 dir=$2 target=$3 start=$SECONDS
+	shift 3
 	echo "==== $name: building $dir"
 	rm -f "$dir/.rdmaswap-built"
 	if [ ! -f "$dir/build.ninja" ]; then
@@ -47,7 +48,7 @@ setup_build() {
 	else
 		meson configure "$dir" -Dwerror=true "$@" >/dev/null
 	fi || { echo "==== $name: meson setup failed"; return 1; }
-	ninja -C "$dir" || { echo "==== $name: build failed"; return 1; }
+	ninja -C "$dir" $target || { echo "==== $name: build failed"; return 1; }
 	touch "$dir/.rdmaswap-built"
 	echo "==== $name: built in $((SECONDS - start)) s"
 }
@@ -67,7 +68,7 @@ rc=0
 logs=()          # testlog.json of every test run
 build_failures=0 # build dirs that could not be set up or built
 
-if setup_build main "$build"; then
+if setup_build main "$build" ""; then
 	main_built=1
 else
 	main_built=0
@@ -81,8 +82,8 @@ if [ "$extra" != 0 ]; then
 	rm -f "$asan/.rdmaswap-built" "$fuzz/.rdmaswap-built"
 	(
 		renice -n 19 -p "$BASHPID" >/dev/null
-		setup_build asan "$asan" "${asan_setup[@]}"
-		CXX=clang++ setup_build fuzz "$fuzz" "${fuzz_setup[@]}"
+		setup_build asan "$asan" "" "${asan_setup[@]}"
+		CXX=clang++ setup_build fuzz "$fuzz" fuzzers "${fuzz_setup[@]}"
 	) >"$extra_log" 2>&1 &
 	extra_pid=$!
 fi
