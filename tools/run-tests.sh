@@ -96,25 +96,24 @@ if [ "$extra" != 0 ]; then
 	wait "$extra_pid"
 	echo "==== extra builds finished $((SECONDS - start)) s after the main tests:"
 	grep -E '^==== |FAILED|error' "$extra_log" | head -n 40
+	# built NAME DIR: true if DIR was built; else count a failure and say why.
+	built() {
+		[ -f "$2/.rdmaswap-built" ] && return 0
+		echo "==== $1: could not be built (see $extra_log)"
+		tail -n 30 "$extra_log"
+		build_failures=$((build_failures + 1))
+		rc=1
+		return 1
+	}
 	fuzz_pid=
-	if [ -f "$fuzz/.rdmaswap-built" ]; then
+	if built fuzz "$fuzz"; then
 		run_tests fuzz "$fuzz" --suite fuzz >"$fuzz/meson-logs/fuzz-phase.log" 2>&1 &
 		fuzz_pid=$!
 		logs+=("$fuzz/meson-logs/testlog.json")
-	else
-		echo "==== fuzz: could not be built (see $extra_log)"
-		tail -n 30 "$extra_log"
-		build_failures=$((build_failures + 1))
-		rc=1
 	fi
-	if [ -f "$asan/.rdmaswap-built" ]; then
+	if built asan "$asan"; then
 		run_tests asan "$asan" --suite unit --suite integration --timeout-multiplier 2 || rc=1
 		logs+=("$asan/meson-logs/testlog.json")
-	else
-		echo "==== asan: could not be built (see $extra_log)"
-		tail -n 30 "$extra_log"
-		build_failures=$((build_failures + 1))
-		rc=1
 	fi
 	if [ -n "$fuzz_pid" ]; then
 		wait "$fuzz_pid" || rc=1
