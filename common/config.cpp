@@ -74,7 +74,8 @@ std::optional<Endpoint> parse_endpoint(std::string_view s, uint16_t default_port
 			return std::nullopt;
 	}
 	for (char c : ep.host)
-		if (std::isspace(static_cast<unsigned char>(c)) || c == '/' || c == '[' || c == ']')
+		if (std::isspace(static_cast<unsigned char>(c)) ||
+		    std::iscntrl(static_cast<unsigned char>(c)) || c == '/' || c == '[' || c == ']')
 			return std::nullopt;
 	ep.port = default_port;
 	if (!port.empty()) {

@@ -22,7 +22,8 @@ struct Endpoint {
 
 inline constexpr uint16_t kDefaultPort = 7471;
 
-// Parse "HOST", "HOST:PORT", "[V6]" or "[V6]:PORT". Port must be 1..65535. nullopt on junk.
+// Parse "HOST", "HOST:PORT", "[V6]" or "[V6]:PORT". Port must be 1..65535. nullopt on junk,
+// including a host with white space, control characters (NUL too), '/', '[' or ']'.
 std::optional<Endpoint> parse_endpoint(std::string_view s, uint16_t default_port = kDefaultPort);
 
 enum class TransportKind { Tcp, Rdma, Auto };

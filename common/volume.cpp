@@ -34,7 +34,7 @@ int64_t now_ns()
 
 Volume::Volume(std::vector<std::unique_ptr<Server>> servers, const VolumeOptions &opts)
 	: servers_(std::move(servers)), size_(opts.size), buffer_size_(opts.buffer_size),
-	  timeout_(opts.timeout), repair_interval_(opts.repair_interval),
+	  repair_interval_(opts.repair_interval),
 	  down_cooldown_(opts.down_cooldown), rng_(std::random_device{}())
 {
 	if (servers_.empty())

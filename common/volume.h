@@ -188,7 +188,6 @@ private:
 	const uint64_t size_;
 	uint64_t slab_size_ = 0;
 	const size_t buffer_size_;
-	const std::chrono::milliseconds timeout_;
 	unsigned replicas_ = 1;
 	const std::chrono::milliseconds repair_interval_;
 	const std::chrono::milliseconds down_cooldown_;

@@ -6,7 +6,7 @@ set -euo pipefail
 runtime=(nbdkit nbd-client rdma-core ibverbs-providers librdmacm1 libibverbs1 libspdlog1.10
 	 iproute2 kmod libssl3)
 build=(gcc g++ meson ninja-build pkg-config nbdkit-plugin-dev libibverbs-dev librdmacm-dev
-       libspdlog-dev libcli11-dev catch2 libssl-dev)
+       libspdlog-dev libcli11-dev catch2 libssl-dev clang libclang-rt-14-dev)
 tests=(libnbd-bin python3-libnbd fio qemu-system-x86 linux-image-amd64 busybox-static cpio
        ibverbs-utils rdmacm-utils perftest procps psmisc util-linux python3
        systemd man-db groff-base cryptsetup-bin)

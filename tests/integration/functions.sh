@@ -35,6 +35,17 @@ cleanup() {
         kill -KILL "$pid" 2>/dev/null
         wait "$pid" 2>/dev/null
     done
+    # A sanitizer build (RDMASWAP_NBDKIT_PRELOAD, below): an ASan/LSan/UBSan report of a
+    # process the test ran fails the test (sanitizer-reports.py says which count), also one
+    # from a process that exited when it was killed above (LeakSanitizer reports at exit) or
+    # whose exit status the test ignores.
+    if compgen -G "$tmpdir/sanitizer.*" >/dev/null; then
+        if ! "$PYTHON" "${RDMASWAP_SOURCE:?}/tests/integration/sanitizer-reports.py" \
+            "$tmpdir"/sanitizer.* >&2; then
+            echo "FAIL: $0: sanitizer reports (above)" >&2
+            rc=1
+        fi
+    fi
     if [[ $rc -ne 0 && $rc -ne 77 ]]; then
         # Show the server logs of a failed test: they usually say why.
         for f in "$tmpdir"/*.log; do
@@ -55,6 +66,27 @@ trap 'exit 130' INT TERM
 make_key() { (umask 077 && head -c 32 /dev/urandom | od -An -tx1 | tr -d ' \n' >"$1"); }
 export AUTH_KEY="$tmpdir/auth.key"
 make_key "$AUTH_KEY"
+
+# A sanitizer build of the plugin (meson sets RDMASWAP_NBDKIT_PRELOAD to libasan.so:libstdc++.so
+# for a -Db_sanitize=address build; tests/integration/meson.build says why both) cannot be loaded into Debian's nbdkit unless the ASan runtime is
+# loaded first. So `nbdkit` on this script's PATH becomes a wrapper that preloads it into nbdkit
+# alone (python, nbdsh, nbdcopy and fio must not get it), whoever starts nbdkit (start_nbdkit, or
+# a test running `timeout 20 nbdkit ...`). Sanitizer reports of every process go to
+# $tmpdir/sanitizer.PID, which cleanup turns into a failure; leaks that nbdkit's own code
+# allocated are not counted (sanitizer-reports.py), leaks in ours are.
+if [[ -n ${RDMASWAP_NBDKIT_PRELOAD:-} ]]; then
+    for _lib in ${RDMASWAP_NBDKIT_PRELOAD//:/ }; do
+        [[ -f $_lib ]] || { echo "FAIL: $0: no $_lib (RDMASWAP_NBDKIT_PRELOAD)" >&2; exit 1; }
+    done
+    _real_nbdkit=$(command -v nbdkit) || { echo "SKIP: $0: no nbdkit" >&2; exit 77; }
+    mkdir "$tmpdir/sanitizer-bin"
+    printf '#!/bin/sh\nLD_PRELOAD="%s${LD_PRELOAD:+:$LD_PRELOAD}" exec "%s" "$@"\n' \
+        "$RDMASWAP_NBDKIT_PRELOAD" "$_real_nbdkit" >"$tmpdir/sanitizer-bin/nbdkit"
+    chmod +x "$tmpdir/sanitizer-bin/nbdkit"
+    export PATH="$tmpdir/sanitizer-bin:$PATH"
+    export ASAN_OPTIONS="log_path=$tmpdir/sanitizer:detect_leaks=1${ASAN_OPTIONS:+:$ASAN_OPTIONS}"
+    export UBSAN_OPTIONS="log_path=$tmpdir/sanitizer:print_stacktrace=1:halt_on_error=1${UBSAN_OPTIONS:+:$UBSAN_OPTIONS}"
+fi
 
 fail() { echo "FAIL: $0: $*" >&2; exit 1; }
 skip() { echo "SKIP: $0: $*" >&2; exit 77; }

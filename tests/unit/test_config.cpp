@@ -3,6 +3,7 @@
 #include <catch2/catch.hpp>
 
 #include <string>
+#include <string_view>
 
 #include "common/config.h"
 
@@ -128,6 +129,13 @@ TEST_CASE("config: parse_endpoint", "[config]")
 		};
 		for (const char *s : bad) {
 			INFO("input \"" << s << "\"");
+			CHECK_FALSE(parse_endpoint(s).has_value());
+		}
+		// Control characters in the host (found by fuzz-config: "\0\0\3\0" was a host).
+		using namespace std::string_view_literals;
+		for (const std::string_view s : {"\0\0\3\0"sv, "a\0b"sv, "h\x7f:7"sv, "[::1\x01]"sv,
+						 "\x1b[0m"sv, "h\n"sv}) {
+			INFO("input of " << s.size() << " bytes");
 			CHECK_FALSE(parse_endpoint(s).has_value());
 		}
 	}

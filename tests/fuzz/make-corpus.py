@@ -1,0 +1,75 @@
+#!/usr/bin/env python3
+# SPDX-License-Identifier: MIT
+# Write the seed corpora of the fuzz targets (tests/fuzz/corpus/<target>/): a valid request and
+# reply of every protocol op, an error reply, a LIST reply, and the sizes, endpoints and
+# transport names the docs show. The files are committed; rerun this only to change the seeds:
+#   python3 tests/fuzz/make-corpus.py
+# (Regression inputs for fixed findings are committed next to them by hand, named after the bug.)
+import os
+import struct
+import sys
+
+here = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(here, "..", "integration"))
+import rdmaswap_wire as w  # noqa: E402
+
+
+def write(target, name, data):
+    d = os.path.join(here, "corpus", target)
+    os.makedirs(d, exist_ok=True)
+    with open(os.path.join(d, name), "wb") as f:
+        f.write(data)
+
+
+def msg(op, body=b"", flags=0, status=0, request_id=7):
+    return w.header(op, len(body), request_id, flags=flags, status=status) + body
+
+
+def reply(op, body=b"", status=0):
+    return msg(op, body, flags=w.RESPONSE, status=status)
+
+
+nonce = bytes(range(32))
+mac = bytes(range(32, 64))
+requests = {
+    "auth": msg(w.AUTH, nonce + struct.pack("<QQ", 0x0123456789ABCDEF, 0)),
+    "auth-proof": msg(w.AUTH_PROOF, mac),
+    "hello-new": msg(w.HELLO, struct.pack("<IIQQQ", w.VERSION, 1, 0, 0, 0)),
+    "hello-join": msg(w.HELLO, struct.pack("<IIQQQ", w.VERSION, 0, 0x1111, 0x2222, 3)),
+    "alloc": msg(w.ALLOC),
+    "free": msg(w.FREE, struct.pack("<II", 1, 0)),
+    "read": msg(w.READ, struct.pack("<IIQ", 0, 4096, 8192)),
+    # WRITE: body, then the payload (what the server reads into the slab).
+    "write": msg(w.WRITE, struct.pack("<IIQ", 1, 16, 65536 - 16) + b"0123456789abcdef"),
+    "stats": msg(w.STATS),
+    "list": msg(w.LIST),
+}
+replies = {
+    "auth": reply(w.AUTH, nonce + mac),
+    "auth-proof": reply(w.AUTH_PROOF),
+    "hello": reply(w.HELLO, struct.pack("<QQQIIIIQ", 0x1111, 0x2222, 1 << 28, 16, 15,
+                                        1 << 20, 1, 5)),
+    "alloc": reply(w.ALLOC, struct.pack("<IIQQII", 3, 0x1234, 0x7F0000000000, 1 << 28, 12, 0)),
+    "free": reply(w.FREE),
+    "read": reply(w.READ, b"x" * 64),
+    "write": reply(w.WRITE),
+    "stats": reply(w.STATS, struct.pack("<QQIIIIQQQQIIQ", 4 << 30, 1 << 28, 16, 12, 2, 1,
+                                        10, 40960, 20, 81920, 1, 3, 0)),
+    "list": reply(w.LIST, struct.pack("<IIII", 3, 0, 5, 9)),
+    "list-empty": reply(w.LIST, struct.pack("<I", 0)),
+    "error": reply(w.ALLOC, status=28),  # ENOSPC
+}
+for name, data in requests.items():
+    write("fuzz-protocol", "req-" + name, data)
+for name, data in replies.items():
+    write("fuzz-protocol", "reply-" + name, data)
+
+config = {
+    "size-plain": "4096", "size-k": "64K", "size-m": "256M", "size-gib": "4GiB",
+    "size-tb": "1tb", "size-max": "18446744073709551615", "size-b": "512B",
+    "ep-host": "donor1", "ep-host-port": "donor1:7471", "ep-ipv4": "10.0.0.2:7500",
+    "ep-v6": "[::1]", "ep-v6-port": "[fe80::1%eth0]:65535",
+    "tr-tcp": "tcp", "tr-rdma": "rdma", "tr-auto": "auto",
+}
+for name, text in config.items():
+    write("fuzz-config", name, text.encode())
