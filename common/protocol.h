@@ -24,6 +24,10 @@ enum class Op : uint8_t {
 	Write = 5,
 	Stats = 6,
 	List = 7, // the slabs this session holds (reply: u32 count, then count u32 slab ids)
+	// Donor memory give-back (ops 12-15; 8-11 belong to reattach).
+	GiveBack = 12,       // admin: withdraw `bytes` of capacity (GiveBackRequest/Reply)
+	Wanted = 13,         // this session's slabs wanted back (reply as LIST)
+	GiveBackStatus = 14, // admin: withdrawn and pending counts (reply GiveBackReply)
 	// Authentication (common/auth.h), before anything else on a connection. Numbered apart
 	// from the session ops.
 	Auth = 16,
@@ -100,6 +104,20 @@ struct StatsReply {                   // 80 bytes
 	uint64_t reserved = 0;
 };
 
+// GIVEBACK: withdraw `bytes` (rounded up to whole slabs) of the memserver's capacity: free
+// slabs at once, granted ones once their owners have moved them (see Op::Wanted).
+struct GiveBackRequest {              // 8 bytes
+	uint64_t bytes = 0;
+};
+struct GiveBackReply {                // 24 bytes (also the GIVEBACK_STATUS reply)
+	uint32_t withdrawn_now = 0;   // free slabs withdrawn by this request (status: 0)
+	uint32_t wanted_now = 0;      // granted slabs this request asked their owners to move
+	uint32_t slabs_withdrawn = 0; // total withdrawn (capacity given back)
+	uint32_t slabs_wanted = 0;    // total pending moves
+	uint32_t slabs_total = 0;
+	uint32_t reserved = 0;
+};
+
 struct AuthRequest {                  // 48 bytes
 	std::array<std::byte, 32> client_nonce{};
 	uint64_t key_id = 0;          // AuthKey::id() of the key the client holds
@@ -122,6 +140,8 @@ inline constexpr size_t kAllocReplySize = 32;
 inline constexpr size_t kFreeRequestSize = 8;
 inline constexpr size_t kIoRequestSize = 16;
 inline constexpr size_t kStatsReplySize = 80;
+inline constexpr size_t kGiveBackRequestSize = 8;
+inline constexpr size_t kGiveBackReplySize = 24;
 // LIST reply: a u32 count followed by that many u32 slab ids, at most kMaxIo bytes in all.
 inline constexpr uint32_t kMaxListIds = (kMaxIo - 4) / 4;
 // Decode a LIST reply body into `ids` (capacity ids.size()); returns the count or -1 if the
@@ -162,6 +182,8 @@ void encode(const AllocReply &m, std::span<std::byte> out);
 void encode(const FreeRequest &m, std::span<std::byte> out);
 void encode(const IoRequest &m, std::span<std::byte> out);
 void encode(const StatsReply &m, std::span<std::byte> out);
+void encode(const GiveBackRequest &m, std::span<std::byte> out);
+void encode(const GiveBackReply &m, std::span<std::byte> out);
 // Decoders check the span is exactly the body size and every field's range.
 Status decode(std::span<const std::byte> in, AuthRequest &m);
 Status decode(std::span<const std::byte> in, AuthReply &m);
@@ -172,6 +194,8 @@ Status decode(std::span<const std::byte> in, AllocReply &m);
 Status decode(std::span<const std::byte> in, FreeRequest &m);
 Status decode(std::span<const std::byte> in, IoRequest &m);
 Status decode(std::span<const std::byte> in, StatsReply &m);
+Status decode(std::span<const std::byte> in, GiveBackRequest &m);
+Status decode(std::span<const std::byte> in, GiveBackReply &m);
 
 const char *op_name(Op op);
 
