@@ -221,10 +221,21 @@ int ControlClient::free_slab(uint32_t id)
 long ControlClient::list(std::span<uint32_t> ids)
 {
 	std::lock_guard lock(mu_);
+	return id_list(proto::Op::List, ids);
+}
+
+long ControlClient::wanted(std::span<uint32_t> ids)
+{
+	std::lock_guard lock(mu_);
+	return id_list(proto::Op::Wanted, ids);
+}
+
+long ControlClient::id_list(proto::Op op, std::span<uint32_t> ids)
+{
 	if (list_buf_.empty())
 		list_buf_.resize(proto::kMaxIo);
 	size_t len = 0;
-	if (int r = call(proto::Op::List, {}, list_buf_, &len))
+	if (int r = call(op, {}, list_buf_, &len))
 		return -r;
 	const long n = proto::decode_list(std::span(list_buf_).first(len), ids);
 	if (n < 0) {
@@ -239,6 +250,34 @@ int ControlClient::stats(proto::StatsReply &out)
 	std::lock_guard lock(mu_);
 	std::array<std::byte, proto::kStatsReplySize> reply;
 	if (int r = call(proto::Op::Stats, {}, reply))
+		return r;
+	if (!proto::decode(reply, out).ok) {
+		fd_.reset();
+		return EPROTO;
+	}
+	return 0;
+}
+
+int ControlClient::give_back(uint64_t bytes, proto::GiveBackReply &out)
+{
+	std::lock_guard lock(mu_);
+	std::array<std::byte, proto::kGiveBackRequestSize> body;
+	proto::encode(proto::GiveBackRequest{bytes}, body);
+	std::array<std::byte, proto::kGiveBackReplySize> reply;
+	if (int r = call(proto::Op::GiveBack, body, reply))
+		return r;
+	if (!proto::decode(reply, out).ok) {
+		fd_.reset();
+		return EPROTO;
+	}
+	return 0;
+}
+
+int ControlClient::give_back_status(proto::GiveBackReply &out)
+{
+	std::lock_guard lock(mu_);
+	std::array<std::byte, proto::kGiveBackReplySize> reply;
+	if (int r = call(proto::Op::GiveBackStatus, {}, reply))
 		return r;
 	if (!proto::decode(reply, out).ok) {
 		fd_.reset();
