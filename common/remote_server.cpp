@@ -110,6 +110,17 @@ void RemoteServer::housekeeping()
 	reconcile();
 }
 
+int RemoteServer::wanted_slabs(std::vector<uint32_t> &ids)
+{
+	// Only the repair thread calls this: one buffer, sized once.
+	ids.resize(list_ids_.size());
+	const long n = control_->wanted(ids);
+	if (control_->session_lost())
+		lost_->store(true);
+	ids.resize(n < 0 ? 0 : size_t(n));
+	return n < 0 ? int(-n) : 0;
+}
+
 int RemoteServer::stats(proto::StatsReply &out)
 {
 	return control_->stats(out);

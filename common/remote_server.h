@@ -41,6 +41,7 @@ public:
 	int free_slab(uint32_t id) override;
 	void forget_slab(uint32_t id) override;
 	void housekeeping() override;
+	int wanted_slabs(std::vector<uint32_t> &ids) override;
 	int stats(proto::StatsReply &out) override;
 	std::unique_ptr<DataPath> open_data_path(std::span<std::byte> region) override;
 	bool session_alive() const override;

@@ -149,6 +149,10 @@ VolumeStats Volume::stats() const
 	st.repaired = repaired_.load();
 	st.repair_bytes = repair_bytes_.load();
 	st.server_failures = server_failures_.load();
+	st.migrated = migrated_.load();
+	st.migrate_bytes = migrate_bytes_.load();
+	st.migrate_pending = migrate_pending_.load();
+	st.migrate_ms = migrate_ns_.load() / 1000000;
 	return st;
 }
 
@@ -167,6 +171,10 @@ std::string Volume::status_text() const
 	kv("repaired", std::to_string(st.repaired));
 	kv("repair_bytes", std::to_string(st.repair_bytes));
 	kv("server_failures", std::to_string(st.server_failures));
+	kv("migrated", std::to_string(st.migrated));
+	kv("migrate_bytes", std::to_string(st.migrate_bytes));
+	kv("migrate_ms", std::to_string(st.migrate_ms));
+	kv("migrate_pending", std::to_string(st.migrate_pending));
 	const int64_t now = now_ns();
 	for (size_t i = 0; i < servers_.size(); i++) {
 		const bool alive = servers_[i]->session_alive();
@@ -596,6 +604,138 @@ int Volume::zero(uint32_t count, uint64_t offset, bool fast_only)
 	return err;
 }
 
+bool Volume::copy_slab(Channel &ch, const Replica &src, uint16_t dst, const SlabGrant &g,
+			std::atomic<uint64_t> &bytes)
+{
+	for (uint64_t off = 0; off < slab_size_; off += buffer_size_) {
+		const uint32_t len = uint32_t(std::min<uint64_t>(buffer_size_, slab_size_ - off));
+		ch.paths[src.server]->post_read(src.grant, off, len, ch.buf);
+		if (ch.paths[src.server]->complete() != 0) {
+			mark_down(src.server);
+			return false;
+		}
+		ch.paths[dst]->post_write(g, off, len, ch.buf);
+		if (ch.paths[dst]->complete() != 0) {
+			mark_down(dst);
+			return false;
+		}
+		bytes.fetch_add(len);
+	}
+	return true;
+}
+
+bool Volume::migrate(uint64_t slab, uint16_t server, uint32_t id, Channel &ch)
+{
+	Slab &s = slabs_[slab];
+	Replica old;
+	{
+		std::unique_lock ex(s.mu);
+		int k = -1;
+		for (unsigned i = 0; i < s.nrep; i++)
+			if (s.rep[i].server == server && s.rep[i].grant.id == id)
+				k = int(i);
+		if (k < 0)
+			return true; // trimmed or repaired meanwhile: nothing of ours to move
+		// The source: a valid replica on another donor if there is one, else the wanted
+		// replica itself (replicas=1: it is still valid and still served).
+		int src = -1;
+		for (unsigned i = 0; i < s.nrep; i++)
+			if (valid(s.rep[i]) && (src < 0 || int(i) != k))
+				src = int(i);
+		if (src < 0)
+			return false; // lost: keep the replica so that reads fail with EIO
+		if (!valid(s.rep[k])) {
+			// A stale copy: simply give it back; the repair restores the count.
+			old = s.rep[k];
+			s.rep[k] = s.rep[s.nrep - 1];
+			s.nrep--;
+			ex.unlock();
+			release_replica(old);
+			kick_repair();
+			return true;
+		}
+		uint16_t exclude[kMaxReplicas];
+		for (unsigned i = 0; i < s.nrep; i++)
+			exclude[i] = s.rep[i].server;
+		uint16_t dst;
+		if (place(1, std::span(exclude, s.nrep), &dst) == 0)
+			return false; // no other donor has room: the slab stays where it is
+		const uint32_t gen = sstate_[dst].gen.load();
+		SlabGrant g;
+		if (int err = servers_[dst]->alloc_slab(g)) {
+			if (err != ENOSPC)
+				mark_down(dst);
+			return false;
+		}
+		sstate_[dst].used.fetch_add(1);
+		const Replica from = s.rep[src];
+		const int64_t t0 = now_ns();
+		const bool ok = copy_slab(ch, from, dst, g, migrate_bytes_);
+		migrate_ns_.fetch_add(uint64_t(now_ns() - t0));
+		if (!ok || !valid(from)) {
+			ex.unlock();
+			release_replica(Replica{dst, gen, g});
+			return false; // try again at the next pass
+		}
+		old = s.rep[k];
+		s.rep[k] = Replica{dst, gen, g};
+	}
+	// Switched over: only now give the old slab back (the donor then withdraws it).
+	release_replica(old);
+	migrated_.fetch_add(1);
+	return true;
+}
+
+uint64_t Volume::migrate_wanted(Channel &ch)
+{
+	uint64_t stuck = 0;
+	std::vector<uint32_t> ids; // control path: allocating is fine
+	const int64_t now = now_ns();
+	for (size_t i = 0; i < servers_.size(); i++) {
+		if (now < sstate_[i].down_until.load() || !servers_[i]->session_alive())
+			continue;
+		if (servers_[i]->wanted_slabs(ids) != 0 || ids.empty())
+			continue;
+		std::sort(ids.begin(), ids.end());
+		const uint64_t moved_before = migrated_.load();
+		const uint64_t bytes_before = migrate_bytes_.load();
+		const auto started = std::chrono::steady_clock::now();
+		for (uint64_t slab = 0; slab < nslabs_; slab++) {
+			uint32_t id = 0;
+			bool hit = false;
+			{
+				std::shared_lock lock(slabs_[slab].mu);
+				for (unsigned k = 0; k < slabs_[slab].nrep && !hit; k++) {
+					const Replica &r = slabs_[slab].rep[k];
+					if (r.server == i &&
+					    std::binary_search(ids.begin(), ids.end(), r.grant.id)) {
+						id = r.grant.id;
+						hit = true;
+					}
+				}
+			}
+			if (!hit)
+				continue;
+			if (!migrate(slab, uint16_t(i), id, ch))
+				stuck++;
+			std::lock_guard lock(repair_mu_);
+			if (stop_)
+				return stuck;
+		}
+		if (const uint64_t n = migrated_.load() - moved_before) {
+			const double secs = std::chrono::duration<double>(
+						    std::chrono::steady_clock::now() - started)
+						    .count();
+			const double mib = double(migrate_bytes_.load() - bytes_before) / (1 << 20);
+			logger("volume")->info("give-back: moved {} slabs ({:.0f} MiB) off memserver "
+					       "{} in {:.2f} s ({:.0f} MiB/s); {} moved so far",
+					       n, mib, servers_[i]->name(), secs,
+					       secs > 0 ? mib / secs : 0.0, migrated_.load());
+		}
+	}
+	return stuck;
+}
+
 bool Volume::repair(uint64_t slab, Channel &ch)
 {
 	auto log = logger("volume");
@@ -630,23 +770,7 @@ bool Volume::repair(uint64_t slab, Channel &ch)
 			// Copy the whole slab from a good replica; no write can run meanwhile (we hold
 			// the slab exclusively).
 			const Replica &src = good[0];
-			bool ok = true;
-			for (uint64_t off = 0; off < slab_size_ && ok; off += buffer_size_) {
-				const uint32_t len = uint32_t(std::min<uint64_t>(buffer_size_, slab_size_ - off));
-				ch.paths[src.server]->post_read(src.grant, off, len, ch.buf);
-				if (ch.paths[src.server]->complete() != 0) {
-					mark_down(src.server);
-					ok = false;
-					break;
-				}
-				ch.paths[dst]->post_write(g, off, len, ch.buf);
-				if (ch.paths[dst]->complete() != 0) {
-					mark_down(dst);
-					ok = false;
-					break;
-				}
-				repair_bytes_.fetch_add(len);
-			}
+			const bool ok = copy_slab(ch, src, dst, g, repair_bytes_);
 			if (!ok || !valid(src)) {
 				drop[ndrop++] = Replica{dst, gen, g};
 				break; // source or destination failed: try again on the next pass
@@ -686,9 +810,16 @@ void Volume::repair_loop()
 		for (size_t i = 0; i < servers_.size(); i++)
 			if (now >= sstate_[i].down_until.load())
 				servers_[i]->housekeeping();
+		std::lock_guard chl(ch.mu);
+		// Give-back: move the slabs donors want back, before anything else.
+		const uint64_t stuck = migrate_wanted(ch);
+		if (stuck > migrate_pending_.load())
+			log->warn("give-back: {} slabs wanted back by their memserver cannot move (no "
+				  "other memserver has room); they stay where they are",
+				  stuck);
+		migrate_pending_.store(stuck);
 		if (replicas_ < 2)
 			continue;
-		std::lock_guard chl(ch.mu);
 		for (uint64_t i = 0; i < nslabs_; i++) {
 			{
 				std::shared_lock lock(slabs_[i].mu);

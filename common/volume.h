@@ -11,7 +11,8 @@
 //   valid; replicas that failed it are invalidated (never read again) and repaired later.
 // - A read that fails on one replica falls back to another. When no valid replica of a slab
 //   is left, its reads and writes fail with EIO: never zeros, never stale bytes.
-// - A background thread restores `replicas` copies of degraded slabs on other donors.
+// - A background thread restores `replicas` copies of degraded slabs on other donors, and
+//   moves slabs that their donor wants back (give-back) to other donors before freeing them.
 #pragma once
 
 #include <atomic>
@@ -59,6 +60,10 @@ struct VolumeStats {
 	uint64_t repaired = 0;       // replicas re-created by the repair thread
 	uint64_t repair_bytes = 0;   // bytes copied by the repair thread
 	uint64_t server_failures = 0;
+	uint64_t migrated = 0;        // slabs moved off a donor that wanted them back
+	uint64_t migrate_bytes = 0;   // bytes copied by those moves
+	uint64_t migrate_ms = 0;      // time spent copying them (throughput: bytes / time)
+	uint64_t migrate_pending = 0; // slabs wanted back that could not move (last pass)
 };
 
 class Volume {
@@ -151,6 +156,16 @@ private:
 	// Write the channel buffer's first `len` bytes to [at, at+len).
 	int write_chunk(Channel &ch, uint64_t at, uint32_t len);
 	void repair_loop();
+	// Copy the whole slab from replica `src` into grant `g` on server `dst` through `ch`,
+	// counting the bytes in `bytes`. False if a transfer failed (that donor is marked down).
+	bool copy_slab(Channel &ch, const Replica &src, uint16_t dst, const SlabGrant &g,
+		       std::atomic<uint64_t> &bytes);
+	// Give-back: ask every donor which of our slabs it wants back and move them. Returns the
+	// number of wanted slabs that could not move.
+	uint64_t migrate_wanted(Channel &ch);
+	// Move the replica of `slab` held as slab `id` on `server` to another donor (not one
+	// holding a copy), then free it. True when moved or nothing is left to move.
+	bool migrate(uint64_t slab, uint16_t server, uint32_t id, Channel &ch);
 	// Restore the replica count of one slab. Returns true if it changed anything.
 	bool repair(uint64_t slab, Channel &ch);
 
@@ -172,6 +187,7 @@ private:
 	std::minstd_rand rng_;
 
 	std::atomic<uint64_t> repaired_{0}, repair_bytes_{0}, server_failures_{0};
+	std::atomic<uint64_t> migrated_{0}, migrate_bytes_{0}, migrate_pending_{0}, migrate_ns_{0};
 	std::mutex repair_mu_;
 	std::condition_variable repair_cv_;
 	bool repair_kick_ = false;

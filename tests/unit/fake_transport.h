@@ -15,6 +15,7 @@
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <set>
 #include <span>
 #include <stdexcept>
 #include <string>
@@ -58,7 +59,16 @@ struct FakeBackend {
 	mutable std::mutex mu;
 	std::map<uint32_t, std::vector<std::byte>> slabs; // id -> contents
 	uint32_t next_id = 1000;
+	std::set<uint32_t> wanted; // give-back: slabs this server wants back
 	std::vector<std::string> violations;
+
+	// Give-back: want every slab granted now back.
+	void want_all()
+	{
+		std::lock_guard lock(mu);
+		for (auto &[id, bytes] : slabs)
+			wanted.insert(id);
+	}
 
 	void violation(const std::string &what)
 	{
@@ -261,12 +271,21 @@ public:
 		if (int e = b_->free_error.load())
 			return e;
 		std::lock_guard lock(b_->mu);
+		b_->wanted.erase(id);
 		if (!b_->slabs.erase(id)) {
 			b_->violations.push_back(b_->name + ": free of slab " + std::to_string(id) +
 						 " that is not granted");
 			return EINVAL;
 		}
 		b_->frees++;
+		return 0;
+	}
+	int wanted_slabs(std::vector<uint32_t> &ids) override
+	{
+		if (b_->lost.load())
+			return EIO;
+		std::lock_guard lock(b_->mu);
+		ids.assign(b_->wanted.begin(), b_->wanted.end());
 		return 0;
 	}
 	int stats(proto::StatsReply &out) override
