@@ -63,6 +63,11 @@ private:
 	std::vector<uint8_t> granted_;   // by slab id: 1 if this session holds it, as we know it
 	std::vector<uint32_t> list_ids_; // reconcile's LIST reply
 	std::shared_ptr<std::atomic<bool>> lost_ = std::make_shared<std::atomic<bool>>(false);
+	// wanted_slabs() polls on a connection of its own (repair thread only), so that a poll
+	// of a hung server never holds up ALLOC or FREE on the control connection.
+	Fd poll_fd_;
+	uint64_t poll_id_ = 1;
+	std::vector<std::byte> poll_buf_;
 };
 
 } // namespace rdmaswap

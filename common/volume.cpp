@@ -694,7 +694,11 @@ uint64_t Volume::migrate_wanted(Channel &ch)
 	for (size_t i = 0; i < servers_.size(); i++) {
 		if (now < sstate_[i].down_until.load() || !servers_[i]->session_alive())
 			continue;
-		if (servers_[i]->wanted_slabs(ids) != 0 || ids.empty())
+		if (servers_[i]->wanted_slabs(ids) != 0) {
+			mark_down(uint16_t(i)); // hung or gone: do not wait on it again for a while
+			continue;
+		}
+		if (ids.empty())
 			continue;
 		std::sort(ids.begin(), ids.end());
 		const uint64_t moved_before = migrated_.load();
@@ -815,7 +819,8 @@ void Volume::repair_loop()
 		const uint64_t stuck = migrate_wanted(ch);
 		if (stuck > migrate_pending_.load())
 			log->warn("give-back: {} slabs wanted back by their memserver cannot move (no "
-				  "other memserver has room); they stay where they are",
+				  "other memserver has room, or no valid copy to move); they stay where "
+				  "they are and are moved when they can be",
 				  stuck);
 		migrate_pending_.store(stuck);
 		if (replicas_ < 2)

@@ -195,7 +195,7 @@ proto::GiveBackReply Memserver::give_back_status() const
 
 proto::GiveBackReply Memserver::give_back(uint64_t bytes)
 {
-	const uint64_t slabs = (bytes + pool_.slab_size() - 1) / pool_.slab_size();
+	const uint64_t slabs = bytes / pool_.slab_size() + (bytes % pool_.slab_size() != 0);
 	const auto w = pool_.withdraw(uint32_t(std::min<uint64_t>(slabs, pool_.slabs_total())));
 	proto::GiveBackReply r = give_back_status();
 	r.withdrawn_now = w.now;

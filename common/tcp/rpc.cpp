@@ -221,21 +221,10 @@ int ControlClient::free_slab(uint32_t id)
 long ControlClient::list(std::span<uint32_t> ids)
 {
 	std::lock_guard lock(mu_);
-	return id_list(proto::Op::List, ids);
-}
-
-long ControlClient::wanted(std::span<uint32_t> ids)
-{
-	std::lock_guard lock(mu_);
-	return id_list(proto::Op::Wanted, ids);
-}
-
-long ControlClient::id_list(proto::Op op, std::span<uint32_t> ids)
-{
 	if (list_buf_.empty())
 		list_buf_.resize(proto::kMaxIo);
 	size_t len = 0;
-	if (int r = call(op, {}, list_buf_, &len))
+	if (int r = call(proto::Op::List, {}, list_buf_, &len))
 		return -r;
 	const long n = proto::decode_list(std::span(list_buf_).first(len), ids);
 	if (n < 0) {

@@ -58,8 +58,6 @@ public:
 	// report how much is withdrawn and pending. 0 or errno.
 	int give_back(uint64_t bytes, proto::GiveBackReply &reply);
 	int give_back_status(proto::GiveBackReply &reply);
-	// The slabs of this session the server wants back, into `ids`; the count or -errno.
-	long wanted(std::span<uint32_t> ids);
 
 	// True after a call failed in a way that leaves its outcome unknown (the request may
 	// have been executed by the server: timeout, connection lost). Cleared by the caller.
@@ -78,8 +76,6 @@ private:
 	int call(proto::Op op, std::span<const std::byte> body, std::span<std::byte> reply,
 		 size_t *reply_len = nullptr);
 	int ensure_connected();
-	// A LIST-shaped call (LIST, WANTED): ids into `ids`; the count or -errno. Caller holds mu_.
-	long id_list(proto::Op op, std::span<uint32_t> ids);
 
 	const SockAddr addr_;
 	const std::chrono::milliseconds timeout_;
