@@ -49,6 +49,8 @@ struct FakeBackend {
 	std::atomic<bool> lost{false};       // session lost: slabs gone, everything fails
 	std::atomic<bool> fail_open{false};  // open_data_path throws
 	std::atomic<int> alloc_delay_us{0};  // alloc_slab sleeps this long (widens races)
+	std::atomic<int> wanted_error{0};    // wanted_slabs returns this (a hung donor: EAGAIN)
+	std::atomic<uint64_t> wanted_polls{0};
 
 	// Counters.
 	std::atomic<uint64_t> allocs{0}, frees{0}, free_calls{0};
@@ -282,8 +284,11 @@ public:
 	}
 	int wanted_slabs(std::vector<uint32_t> &ids) override
 	{
+		b_->wanted_polls++;
 		if (b_->lost.load())
 			return EIO;
+		if (int e = b_->wanted_error.load())
+			return e;
 		std::lock_guard lock(b_->mu);
 		ids.assign(b_->wanted.begin(), b_->wanted.end());
 		return 0;

@@ -1042,3 +1042,24 @@ TEST_CASE("volume: give-back with nowhere to move keeps the slabs and their data
 	CHECK(compare_all(*v, shadow) == -1);
 	check_no_violations(bs);
 }
+
+TEST_CASE("volume: a donor that fails the give-back poll is not asked again during its cooldown",
+	  "[volume][giveback]")
+{
+	quiet();
+	std::vector<std::shared_ptr<FakeBackend>> bs{backend("a", 64), backend("b", 64)};
+	auto o = opts(8 * SS, 2, 64 * KiB);
+	o.repair_interval = std::chrono::milliseconds(5);
+	o.down_cooldown = std::chrono::seconds(60);
+	auto v = make_volume(bs, o);
+	Bytes shadow(8 * SS);
+	REQUIRE(write_shadow(*v, shadow, pattern(8 * SS, 9), 0) == 0);
+	REQUIRE(eventually([&] { return bs[0]->wanted_polls.load() > 3; }));
+	bs[0]->wanted_error = EAGAIN;
+	const uint64_t before = bs[0]->wanted_polls.load();
+	REQUIRE(eventually([&] { return bs[1]->wanted_polls.load() > before + 20; }));
+	CHECK(bs[0]->wanted_polls.load() <= before + 2); // one failed poll, then cooldown
+	// I/O goes on.
+	CHECK(compare_all(*v, shadow) == -1);
+	check_no_violations(bs);
+}
