@@ -654,18 +654,25 @@ bool Volume::migrate(uint64_t slab, uint16_t server, uint32_t id, Channel &ch)
 			kick_repair();
 			return true;
 		}
-		uint16_t exclude[kMaxReplicas];
+		// Not onto a donor holding a copy (the one asking among them); a donor that turns
+		// out full sends us to the next one, as in allocate().
+		uint16_t exclude[kMaxServers];
+		unsigned nex = 0;
 		for (unsigned i = 0; i < s.nrep; i++)
-			exclude[i] = s.rep[i].server;
+			exclude[nex++] = s.rep[i].server;
 		uint16_t dst;
-		if (place(1, std::span(exclude, s.nrep), &dst) == 0)
-			return false; // no other donor has room: the slab stays where it is
-		const uint32_t gen = sstate_[dst].gen.load();
+		uint32_t gen;
 		SlabGrant g;
-		if (int err = servers_[dst]->alloc_slab(g)) {
+		for (;;) {
+			if (nex >= servers_.size() || place(1, std::span(exclude, nex), &dst) == 0)
+				return false; // no other donor has room: the slab stays where it is
+			exclude[nex++] = dst;
+			gen = sstate_[dst].gen.load();
+			const int err = servers_[dst]->alloc_slab(g);
+			if (err == 0)
+				break;
 			if (err != ENOSPC)
 				mark_down(dst);
-			return false;
 		}
 		sstate_[dst].used.fetch_add(1);
 		const Replica from = s.rep[src];

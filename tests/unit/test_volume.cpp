@@ -1063,3 +1063,27 @@ TEST_CASE("volume: a donor that fails the give-back poll is not asked again duri
 	CHECK(compare_all(*v, shadow) == -1);
 	check_no_violations(bs);
 }
+
+TEST_CASE("volume: give-back passes over a donor that turns out full", "[volume][giveback]")
+{
+	quiet();
+	std::vector<std::shared_ptr<FakeBackend>> bs{backend("a", 64), backend("b", 64),
+						     backend("c", 64)};
+	bs[1]->alloc_error = ENOSPC; // reports free slabs, but has none
+	bs[2]->alloc_error = ENOSPC;
+	auto o = opts(16 * SS, 2, 64 * KiB);
+	o.repair_interval = std::chrono::hours(1); // one pass, when kicked
+	auto v = make_volume(bs, o);
+	Bytes shadow(16 * SS);
+	REQUIRE(write_shadow(*v, shadow, pattern(16 * SS, 21), 0) == 0);
+	REQUIRE(bs[0]->live_slabs() == 16);
+	bs[2]->alloc_error = 0;
+	bs[0]->want_all();
+	v->kick_repair();
+	// All in one pass: b's refusal sends each slab on to c.
+	CHECK(eventually([&] { return bs[0]->live_slabs() == 0; }, std::chrono::seconds(5)));
+	CHECK(bs[2]->live_slabs() == 16);
+	CHECK(v->stats().migrated == 16);
+	CHECK(compare_all(*v, shadow) == -1);
+	check_no_violations(bs);
+}
