@@ -74,6 +74,8 @@ public:
 	bool authenticated() const { return done_; }
 	// Valid once authenticated(): the attach key of a session this connection creates.
 	const Mac &attach_key() const { return attach_; }
+	// Valid once authenticated(): the id of the key the peer proved it holds.
+	uint64_t key_id() const { return key_ ? key_->id() : 0; }
 
 private:
 	std::span<const std::shared_ptr<const AuthKey>> keys_;

@@ -64,6 +64,10 @@ const char *op_name(Op op)
 	case Op::GiveBack: return "GIVEBACK";
 	case Op::Wanted: return "WANTED";
 	case Op::GiveBackStatus: return "GIVEBACK_STATUS";
+	case Op::Bind: return "BIND";
+	case Op::AllocTagged: return "ALLOC_TAGGED";
+	case Op::SetTag: return "SET_TAG";
+	case Op::VolumeList: return "VOLUME_LIST";
 	case Op::Auth: return "AUTH";
 	case Op::AuthProof: return "AUTH_PROOF";
 	}
@@ -83,6 +87,10 @@ long request_body_size(Op op)
 	case Op::GiveBack: return kGiveBackRequestSize;
 	case Op::Wanted: return 0;
 	case Op::GiveBackStatus: return 0;
+	case Op::Bind: return kBindRequestSize;
+	case Op::AllocTagged: return kAllocTaggedRequestSize;
+	case Op::SetTag: return kSetTagRequestSize;
+	case Op::VolumeList: return kVolumeListRequestSize;
 	case Op::Auth: return kAuthRequestSize;
 	case Op::AuthProof: return kAuthProofRequestSize;
 	}
@@ -102,6 +110,10 @@ long reply_body_size(Op op)
 	case Op::GiveBack: return kGiveBackReplySize;
 	case Op::Wanted: return 4; // as LIST
 	case Op::GiveBackStatus: return kGiveBackReplySize;
+	case Op::Bind: return kBindReplySize;
+	case Op::AllocTagged: return kAllocReplySize;
+	case Op::SetTag: return 0;
+	case Op::VolumeList: return 4; // plus the entries
 	case Op::Auth: return kAuthReplySize;
 	case Op::AuthProof: return 0;
 	}
@@ -165,6 +177,9 @@ Status decode_header(std::span<const std::byte, kHeaderSize> in, Header &out)
 		} else if (h.op == Op::List || h.op == Op::Wanted) {
 			if (h.body_len < 4 || h.body_len > kMaxIo || h.body_len % 4 != 0)
 				return Status::fail("LIST reply length out of range");
+		} else if (h.op == Op::VolumeList) {
+			if (h.body_len < 4 || h.body_len > kMaxIo)
+				return Status::fail("VOLUME_LIST reply length out of range");
 		} else if (h.body_len != fixed) {
 			return Status::fail("reply body length does not match op");
 		}
@@ -441,6 +456,234 @@ Status decode(std::span<const std::byte> in, StatsReply &m)
 	r.reserved = i.get<uint64_t>();
 	if (r.slabs_free > r.slabs_total)
 		return Status::fail("STATS reply has more free slabs than slabs");
+	m = r;
+	return {};
+}
+
+bool valid_volume_name(std::string_view name)
+{
+	if (name.empty() || name.size() > kMaxVolumeName)
+		return false;
+	for (char ch : name)
+		if (ch < 0x21 || ch > 0x7e)
+			return false;
+	return true;
+}
+
+namespace {
+// A NUL-padded fixed-size name field: the name is what precedes the first NUL; every byte
+// after it must be NUL too (one encoding per name).
+bool name_field_ok(std::span<const char> f)
+{
+	size_t n = 0;
+	while (n < f.size() && f[n] != '\0')
+		n++;
+	for (size_t k = n; k < f.size(); k++)
+		if (f[k] != '\0')
+			return false;
+	return true;
+}
+void put_name(Out &o, std::span<const char> f)
+{
+	o.put_bytes(std::as_bytes(f));
+}
+void get_name(In &i, std::span<char> f)
+{
+	i.get_bytes(std::as_writable_bytes(f));
+}
+
+template <typename E, size_t Size, typename Put>
+void encode_list_of(std::span<const E> in, std::span<std::byte> out, Put put)
+{
+	Out o(out.first(4 + in.size() * Size));
+	o.put(uint32_t(in.size()));
+	for (const E &e : in)
+		put(o, e);
+}
+
+template <typename E, size_t Size, typename Get>
+long decode_list_of(std::span<const std::byte> in, std::span<E> out, Get get)
+{
+	if (in.size() < 4)
+		return -1;
+	In i(in);
+	const uint32_t count = i.get<uint32_t>();
+	if (count > (kMaxIo - 4) / Size || in.size() != 4 + uint64_t(count) * Size ||
+	    count > out.size())
+		return -1;
+	for (uint32_t k = 0; k < count; k++)
+		if (!get(i, out[k]))
+			return -1;
+	return long(count);
+}
+} // namespace
+
+void encode_entries(std::span<const VolumeEntry> in, std::span<std::byte> out)
+{
+	encode_list_of<VolumeEntry, kVolumeEntrySize>(in, out, [](Out &o, const VolumeEntry &e) {
+		o.put(e.slab_id);
+		o.put(e.rkey);
+		o.put(e.addr);
+		o.put(e.chunk);
+		o.put(e.epoch);
+	});
+}
+
+long decode_entries(std::span<const std::byte> in, std::span<VolumeEntry> out)
+{
+	return decode_list_of<VolumeEntry, kVolumeEntrySize>(in, out, [](In &i, VolumeEntry &e) {
+		e.slab_id = i.get<uint32_t>();
+		e.rkey = i.get<uint32_t>();
+		e.addr = i.get<uint64_t>();
+		e.chunk = i.get<uint64_t>();
+		e.epoch = i.get<uint64_t>();
+		return true;
+	});
+}
+
+void encode_entries(std::span<const SessionEntry> in, std::span<std::byte> out)
+{
+	encode_list_of<SessionEntry, kSessionEntrySize>(in, out, [](Out &o, const SessionEntry &e) {
+		o.put(e.session);
+		o.put(e.slabs);
+		o.put(e.flags);
+		o.put(e.lease_left_ms);
+		o.put(e.lease_s);
+		o.put(e.connections);
+		put_name(o, e.volume);
+		put_name(o, e.peer);
+	});
+}
+
+long decode_entries(std::span<const std::byte> in, std::span<SessionEntry> out)
+{
+	return decode_list_of<SessionEntry, kSessionEntrySize>(in, out, [](In &i, SessionEntry &e) {
+		e.session = i.get<uint64_t>();
+		e.slabs = i.get<uint32_t>();
+		e.flags = i.get<uint32_t>();
+		e.lease_left_ms = i.get<uint64_t>();
+		e.lease_s = i.get<uint32_t>();
+		e.connections = i.get<uint32_t>();
+		get_name(i, e.volume);
+		get_name(i, e.peer);
+		return name_field_ok(e.volume) && name_field_ok(e.peer) &&
+		       !(e.flags & ~(kSessionDetached | kSessionRdma | kSessionBound));
+	});
+}
+
+void encode(const BindRequest &m, std::span<std::byte> out)
+{
+	Out o(out.first<kBindRequestSize>());
+	put_name(o, m.name);
+	o.put(m.lease_s);
+	o.put(m.reserved);
+}
+
+Status decode(std::span<const std::byte> in, BindRequest &m)
+{
+	if (in.size() != kBindRequestSize)
+		return Status::fail("BIND body has the wrong size");
+	In i(in);
+	BindRequest r;
+	get_name(i, r.name);
+	r.lease_s = i.get<uint32_t>();
+	r.reserved = i.get<uint32_t>();
+	if (!name_field_ok(r.name) ||
+	    !valid_volume_name(std::string_view(r.name.data(), strnlen(r.name.data(), r.name.size()))))
+		return Status::fail("BIND volume name is not 1..64 graphic ASCII characters");
+	if (r.reserved != 0)
+		return Status::fail("BIND reserved field not zero");
+	m = r;
+	return {};
+}
+
+void encode(const BindReply &m, std::span<std::byte> out)
+{
+	Out o(out.first<kBindReplySize>());
+	o.put(m.reattached);
+	o.put(m.slabs);
+	o.put(m.detached_ms);
+}
+
+Status decode(std::span<const std::byte> in, BindReply &m)
+{
+	if (in.size() != kBindReplySize)
+		return Status::fail("BIND reply has the wrong size");
+	In i(in);
+	BindReply r;
+	r.reattached = i.get<uint32_t>();
+	r.slabs = i.get<uint32_t>();
+	r.detached_ms = i.get<uint64_t>();
+	if (r.reattached > 1)
+		return Status::fail("BIND reply reattached is not 0 or 1");
+	m = r;
+	return {};
+}
+
+void encode(const AllocTaggedRequest &m, std::span<std::byte> out)
+{
+	Out o(out.first<kAllocTaggedRequestSize>());
+	o.put(m.chunk);
+	o.put(m.epoch);
+}
+
+Status decode(std::span<const std::byte> in, AllocTaggedRequest &m)
+{
+	if (in.size() != kAllocTaggedRequestSize)
+		return Status::fail("ALLOC_TAGGED body has the wrong size");
+	In i(in);
+	m.chunk = i.get<uint64_t>();
+	m.epoch = i.get<uint64_t>();
+	return {};
+}
+
+void encode(const SetTagRequest &m, std::span<std::byte> out)
+{
+	Out o(out.first<kSetTagRequestSize>());
+	o.put(m.slab_id);
+	o.put(m.reserved);
+	o.put(m.chunk);
+	o.put(m.epoch);
+}
+
+Status decode(std::span<const std::byte> in, SetTagRequest &m)
+{
+	if (in.size() != kSetTagRequestSize)
+		return Status::fail("SET_TAG body has the wrong size");
+	In i(in);
+	SetTagRequest r;
+	r.slab_id = i.get<uint32_t>();
+	r.reserved = i.get<uint32_t>();
+	r.chunk = i.get<uint64_t>();
+	r.epoch = i.get<uint64_t>();
+	if (r.reserved != 0)
+		return Status::fail("SET_TAG reserved field not zero");
+	m = r;
+	return {};
+}
+
+void encode(const VolumeListRequest &m, std::span<std::byte> out)
+{
+	Out o(out.first<kVolumeListRequestSize>());
+	o.put(uint32_t(m.what));
+	o.put(m.reserved);
+	o.put(m.start);
+}
+
+Status decode(std::span<const std::byte> in, VolumeListRequest &m)
+{
+	if (in.size() != kVolumeListRequestSize)
+		return Status::fail("VOLUME_LIST body has the wrong size");
+	In i(in);
+	VolumeListRequest r;
+	const uint32_t what = i.get<uint32_t>();
+	r.reserved = i.get<uint32_t>();
+	r.start = i.get<uint64_t>();
+	if (what > uint32_t(ListWhat::Sessions))
+		return Status::fail("VOLUME_LIST asks for an unknown list");
+	if (r.reserved != 0)
+		return Status::fail("VOLUME_LIST reserved field not zero");
+	r.what = ListWhat(what);
 	m = r;
 	return {};
 }

@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <span>
 #include <string>
+#include <string_view>
 
 namespace rdmaswap::proto {
 
@@ -24,6 +25,12 @@ enum class Op : uint8_t {
 	Write = 5,
 	Stats = 6,
 	List = 7, // the slabs this session holds (reply: u32 count, then count u32 slab ids)
+	// Reattach (docs/interfaces.md "Volumes and reattach"): bind the session to a volume id,
+	// allocate a slab with its tag, change a tag (or a chunk's epoch floor), list tags.
+	Bind = 8,
+	AllocTagged = 9,
+	SetTag = 10,
+	VolumeList = 11,
 	// Donor memory give-back (ops 12-15; 8-11 belong to reattach).
 	GiveBack = 12,       // admin: withdraw `bytes` of capacity (GiveBackRequest/Reply)
 	Wanted = 13,         // this session's slabs wanted back (reply as LIST)
@@ -104,6 +111,81 @@ struct StatsReply {                   // 80 bytes
 	uint64_t reserved = 0;
 };
 
+// BIND: after HELLO, bind this session to volume `name` (scoped by the server to the cluster
+// key the connection authenticated with). If a detached session of the same volume exists, this
+// session takes over its slabs, tags and floors. EBUSY: a session with live connections holds
+// the volume. EINVAL: the session is already bound to another volume.
+inline constexpr size_t kMaxVolumeName = 64;
+struct BindRequest {                  // 72 bytes
+	std::array<char, kMaxVolumeName> name{}; // 1..64 graphic ASCII characters, NUL-padded
+	uint32_t lease_s = 0;         // kept detached this long after the last connection; 0: freed
+	uint32_t reserved = 0;
+};
+struct BindReply {                    // 16 bytes
+	uint32_t reattached = 0;      // 1: took over a detached session of this volume
+	uint32_t slabs = 0;           // slabs taken over
+	uint64_t detached_ms = 0;     // how long that session had been detached
+};
+// ALLOC_TAGGED: ALLOC, with the slab's tag set in the same exchange (reply: AllocReply).
+struct AllocTaggedRequest {           // 16 bytes
+	uint64_t chunk = 0;           // which chunk of the volume the slab holds
+	uint64_t epoch = 0;           // replica freshness (0: incomplete, never trusted)
+};
+// SET_TAG: set the tag of a slab this session holds; with slab_id == kNoSlab, set the epoch
+// floor of `chunk` in the session's volume instead (epoch 0 removes it). Reply: no body.
+inline constexpr uint32_t kNoSlab = 0xffffffffu;
+struct SetTagRequest {                // 24 bytes
+	uint32_t slab_id = 0;
+	uint32_t reserved = 0;
+	uint64_t chunk = 0;
+	uint64_t epoch = 0;
+};
+// VOLUME_LIST: what=0: this session's tagged slabs with id >= start (RDMA sessions: each is
+// registered in the session's PD, addr/rkey valid for its QPs); what=1: this session's floors
+// with chunk >= start; what=2 (needs no session): the server's sessions from index `start`.
+// Reply: u32 count, then count entries (VolumeEntry or SessionEntry), at most kMaxIo bytes;
+// a reply with fewer than the maximum entries is the last page.
+enum class ListWhat : uint32_t { Slabs = 0, Floors = 1, Sessions = 2 };
+struct VolumeListRequest {            // 16 bytes
+	ListWhat what = ListWhat::Slabs;
+	uint32_t reserved = 0;
+	uint64_t start = 0;
+};
+struct VolumeEntry {                  // 32 bytes
+	uint32_t slab_id = 0;         // kNoSlab in a floor entry
+	uint32_t rkey = 0;
+	uint64_t addr = 0;
+	uint64_t chunk = 0;
+	uint64_t epoch = 0;
+};
+inline constexpr uint32_t kSessionDetached = 1, kSessionRdma = 2, kSessionBound = 4;
+struct SessionEntry {                 // 160 bytes
+	uint64_t session = 0;
+	uint32_t slabs = 0;
+	uint32_t flags = 0;           // kSession*
+	uint64_t lease_left_ms = 0;   // detached sessions: time until their slabs are freed
+	uint32_t lease_s = 0;
+	uint32_t connections = 0;
+	std::array<char, 64> volume{}; // NUL-padded ("" when not bound)
+	std::array<char, 64> peer{};   // the address of the client that created or bound it
+};
+inline constexpr size_t kBindRequestSize = 72;
+inline constexpr size_t kBindReplySize = 16;
+inline constexpr size_t kAllocTaggedRequestSize = 16;
+inline constexpr size_t kSetTagRequestSize = 24;
+inline constexpr size_t kVolumeListRequestSize = 16;
+inline constexpr size_t kVolumeEntrySize = 32;
+inline constexpr size_t kSessionEntrySize = 160;
+inline constexpr uint32_t kMaxVolumeEntries = (kMaxIo - 4) / kVolumeEntrySize;
+inline constexpr uint32_t kMaxSessionEntries = (kMaxIo - 4) / kSessionEntrySize;
+// True if `name` is a valid volume id: 1..kMaxVolumeName graphic ASCII characters (0x21-0x7e).
+bool valid_volume_name(std::string_view name);
+// VOLUME_LIST reply bodies: encode count + entries into `out` (4 + n * entry size bytes);
+// decode into `out` (capacity out.size()), returning the count or -1 if malformed.
+void encode_entries(std::span<const VolumeEntry> in, std::span<std::byte> out);
+void encode_entries(std::span<const SessionEntry> in, std::span<std::byte> out);
+long decode_entries(std::span<const std::byte> in, std::span<VolumeEntry> out);
+long decode_entries(std::span<const std::byte> in, std::span<SessionEntry> out);
 // GIVEBACK: withdraw `bytes` (rounded up to whole slabs) of the memserver's capacity: free
 // slabs at once, granted ones once their owners have moved them (see Op::Wanted).
 struct GiveBackRequest {              // 8 bytes
@@ -182,6 +264,11 @@ void encode(const AllocReply &m, std::span<std::byte> out);
 void encode(const FreeRequest &m, std::span<std::byte> out);
 void encode(const IoRequest &m, std::span<std::byte> out);
 void encode(const StatsReply &m, std::span<std::byte> out);
+void encode(const BindRequest &m, std::span<std::byte> out);
+void encode(const BindReply &m, std::span<std::byte> out);
+void encode(const AllocTaggedRequest &m, std::span<std::byte> out);
+void encode(const SetTagRequest &m, std::span<std::byte> out);
+void encode(const VolumeListRequest &m, std::span<std::byte> out);
 void encode(const GiveBackRequest &m, std::span<std::byte> out);
 void encode(const GiveBackReply &m, std::span<std::byte> out);
 // Decoders check the span is exactly the body size and every field's range.
@@ -194,6 +281,11 @@ Status decode(std::span<const std::byte> in, AllocReply &m);
 Status decode(std::span<const std::byte> in, FreeRequest &m);
 Status decode(std::span<const std::byte> in, IoRequest &m);
 Status decode(std::span<const std::byte> in, StatsReply &m);
+Status decode(std::span<const std::byte> in, BindRequest &m);
+Status decode(std::span<const std::byte> in, BindReply &m);
+Status decode(std::span<const std::byte> in, AllocTaggedRequest &m);
+Status decode(std::span<const std::byte> in, SetTagRequest &m);
+Status decode(std::span<const std::byte> in, VolumeListRequest &m);
 Status decode(std::span<const std::byte> in, GiveBackRequest &m);
 Status decode(std::span<const std::byte> in, GiveBackReply &m);
 

@@ -5,6 +5,7 @@
 #include <cerrno>
 #include <cstring>
 #include <stdexcept>
+#include <thread>
 
 #include "common/log.h"
 #include "common/rdma/rdma_client.h"
@@ -37,11 +38,54 @@ RemoteServer::RemoteServer(const RemoteServerOptions &opts)
 	logger("client")->debug("memserver {}: session {} slab size {} slabs {} free {}", name_,
 				hello.session_id, hello.slab_size, hello.slabs_total,
 				hello.slabs_free);
+	if (!opts_.volume.empty())
+		bind_volume();
+}
+
+void RemoteServer::bind_volume()
+{
+	auto log = logger("client");
+	const auto deadline = std::chrono::steady_clock::now() + opts_.timeout;
+	auto pause = std::chrono::milliseconds(100);
+	for (;;) {
+		proto::BindReply r;
+		const int err = control_->bind(opts_.volume, opts_.lease_s, r);
+		if (err == 0) {
+			reattached_ = r.reattached;
+			adopting_ = r.reattached;
+			if (r.reattached)
+				log->info("memserver {}: volume {} reattached: {} slabs kept for it "
+					  "(detached for {} ms)",
+					  name_, opts_.volume, r.slabs, r.detached_ms);
+			else
+				log->info("memserver {}: volume {} bound (lease {} s); nothing was kept "
+					  "for it here",
+					  name_, opts_.volume, opts_.lease_s);
+			return;
+		}
+		if (err != EBUSY || std::chrono::steady_clock::now() + pause > deadline) {
+			if (err == EBUSY)
+				throw std::runtime_error(
+					"memserver " + name_ + ": volume " + opts_.volume +
+					" is held by another live client (is another nbdkit with the same "
+					"volume= running? never two owners; retried for " +
+					std::to_string(opts_.timeout.count() / 1000) + " s)");
+			throw std::runtime_error("memserver " + name_ + ": cannot bind volume " +
+						 opts_.volume + ": " +
+						 (err == EBADRQC || err == EPROTO
+							  ? std::string("the memserver does not support volumes "
+									"(too old?)")
+							  : connect_error_text(err)));
+		}
+		log->debug("memserver {}: volume {} busy, retrying", name_, opts_.volume);
+		std::this_thread::sleep_for(pause);
+		pause = std::min(pause * 2, std::chrono::milliseconds(1000));
+	}
 }
 
 void RemoteServer::reconcile()
 {
-	if (!control_->outcome_unknown())
+	if (!control_->outcome_unknown() || adopting_)
 		return;
 	const long n = control_->list(list_ids_);
 	if (n < 0)
@@ -60,10 +104,68 @@ void RemoteServer::reconcile()
 
 int RemoteServer::alloc_slab(SlabGrant &out)
 {
+	return alloc_impl(nullptr, out);
+}
+
+int RemoteServer::alloc_tagged(uint64_t chunk, uint64_t epoch, SlabGrant &out)
+{
+	if (!bound())
+		return alloc_slab(out);
+	const uint64_t tag[2] = {chunk, epoch};
+	return alloc_impl(tag, out);
+}
+
+int RemoteServer::set_tag(uint32_t id, uint64_t chunk, uint64_t epoch)
+{
+	std::lock_guard lock(mu_);
+	const int err = control_->set_tag(id, chunk, epoch);
+	if (control_->session_lost())
+		lost_->store(true);
+	return err;
+}
+
+int RemoteServer::set_floor(uint64_t chunk, uint64_t epoch)
+{
+	return set_tag(proto::kNoSlab, chunk, epoch);
+}
+
+int RemoteServer::list_volume(std::vector<proto::VolumeEntry> &slabs,
+			      std::vector<proto::VolumeEntry> &floors)
+{
+	std::lock_guard lock(mu_);
+	slabs.clear();
+	floors.clear();
+	for (auto what : {proto::ListWhat::Slabs, proto::ListWhat::Floors}) {
+		auto &dst = what == proto::ListWhat::Slabs ? slabs : floors;
+		uint64_t start = 0;
+		for (;;) {
+			std::vector<proto::VolumeEntry> page;
+			if (int err = control_->volume_list(what, start, page))
+				return err;
+			for (const auto &e : page) {
+				if (what == proto::ListWhat::Slabs &&
+				    (e.slab_id >= granted_.size() ||
+				     (opts_.kind == TransportKind::Rdma && e.rkey == 0 && e.addr == 0)))
+					return EPROTO;
+				dst.push_back(e);
+			}
+			if (page.size() < proto::kMaxVolumeEntries)
+				break;
+			start = (what == proto::ListWhat::Slabs ? page.back().slab_id : page.back().chunk) + 1;
+		}
+	}
+	for (const auto &e : slabs)
+		granted_[e.slab_id] = 1;
+	adopting_ = false;
+	return 0;
+}
+
+int RemoteServer::alloc_impl(const uint64_t *tag, SlabGrant &out)
+{
 	std::lock_guard lock(mu_);
 	reconcile();
 	proto::AllocReply r;
-	const int err = control_->alloc(r);
+	const int err = tag ? control_->alloc_tagged(tag[0], tag[1], r) : control_->alloc(r);
 	if (control_->session_lost())
 		lost_->store(true);
 	if (err)

@@ -27,6 +27,12 @@ struct RemoteServerOptions {
 	rdma::ClientContext *rdma = nullptr;
 	// The cluster key (auth-key=); null only for memservers run with --insecure.
 	std::shared_ptr<const AuthKey> auth_key;
+	// volume=: bind the session to this volume id ("" : do not bind), kept `lease_s` seconds
+	// after the session's last connection. While another live client holds the volume the
+	// bind is retried (the server may not have noticed yet that the old client died) until
+	// `timeout` has passed.
+	std::string volume;
+	uint32_t lease_s = 0;
 };
 
 class RemoteServer final : public Server {
@@ -46,12 +52,23 @@ public:
 	std::unique_ptr<DataPath> open_data_path(std::span<std::byte> region) override;
 	bool session_alive() const override;
 	uint32_t slabs_free() const override { return free_.load(); }
+	bool bound() const override { return !opts_.volume.empty(); }
+	bool reattached() const override { return reattached_; }
+	int alloc_tagged(uint64_t chunk, uint64_t epoch, SlabGrant &out) override;
+	int set_tag(uint32_t id, uint64_t chunk, uint64_t epoch) override;
+	int set_floor(uint64_t chunk, uint64_t epoch) override;
+	int list_volume(std::vector<proto::VolumeEntry> &slabs,
+			std::vector<proto::VolumeEntry> &floors) override;
 
 private:
 	// After a control call with an unknown outcome (e.g. an ALLOC that timed out but that the
 	// server may still execute), ask the server which slabs we hold and give back any we do
 	// not know about, so nothing leaks. Caller holds mu_.
 	void reconcile();
+	// BIND with retries while the volume has a live owner. Throws std::runtime_error.
+	void bind_volume();
+	// ALLOC or ALLOC_TAGGED (tag != nullptr).
+	int alloc_impl(const uint64_t *tag, SlabGrant &out);
 
 	const RemoteServerOptions opts_;
 	const std::string name_;
@@ -62,6 +79,10 @@ private:
 	std::mutex mu_;                  // alloc/free/reconcile (control path)
 	std::vector<uint8_t> granted_;   // by slab id: 1 if this session holds it, as we know it
 	std::vector<uint32_t> list_ids_; // reconcile's LIST reply
+	bool reattached_ = false;
+	// Between a BIND that took over slabs and list_volume(), the session holds slabs granted_
+	// does not know yet: reconcile() must not give them back.
+	bool adopting_ = false;
 	std::shared_ptr<std::atomic<bool>> lost_ = std::make_shared<std::atomic<bool>>(false);
 	// wanted_slabs() polls on a connection of its own (repair thread only), so that a poll
 	// of a hung server never holds up ALLOC or FREE on the control connection.

@@ -4,6 +4,7 @@
 // RDMA implement it (common/tcp, common/rdma); tests implement it in memory.
 #pragma once
 
+#include <cerrno>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
@@ -101,6 +102,41 @@ public:
 	virtual std::unique_ptr<DataPath> open_data_path(std::span<std::byte> region) = 0;
 	// False once the server lost this session (it restarted or dropped us): its slabs are gone.
 	virtual bool session_alive() const = 0;
+
+	// --- Reattach (volume=, lease=; docs/replication.md "Restart"). The defaults describe a
+	// server whose session is not bound to a volume: nothing survives it.
+	// True if the session is bound to a volume (tags and epochs matter).
+	virtual bool bound() const { return false; }
+	// True if binding took over a detached session of the volume (its slabs are ours now).
+	virtual bool reattached() const { return false; }
+	// alloc_slab, with the slab tagged (chunk, epoch) in the same exchange.
+	virtual int alloc_tagged(uint64_t chunk, uint64_t epoch, SlabGrant &out)
+	{
+		(void)chunk, (void)epoch;
+		return alloc_slab(out);
+	}
+	// Set the tag of slab `id` we hold. 0 or errno.
+	virtual int set_tag(uint32_t id, uint64_t chunk, uint64_t epoch)
+	{
+		(void)id, (void)chunk, (void)epoch;
+		return EOPNOTSUPP;
+	}
+	// Record on this server that some replica of `chunk` reached `epoch` (0: remove). 0 or errno.
+	virtual int set_floor(uint64_t chunk, uint64_t epoch)
+	{
+		(void)chunk, (void)epoch;
+		return EOPNOTSUPP;
+	}
+	// What this server kept of our volume: every slab the session holds, with its tag and
+	// (RDMA) its addr/rkey for our QPs, and the floors. Call after the data paths are open.
+	// The slabs listed count as granted from then on. 0 or errno.
+	virtual int list_volume(std::vector<proto::VolumeEntry> &slabs,
+				std::vector<proto::VolumeEntry> &floors)
+	{
+		slabs.clear();
+		floors.clear();
+		return 0;
+	}
 };
 
 } // namespace rdmaswap

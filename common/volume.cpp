@@ -11,6 +11,7 @@
 
 #include "common/log.h"
 #include "common/placement.h"
+#include "common/reattach.h"
 
 namespace rdmaswap {
 
@@ -103,7 +104,101 @@ Volume::Volume(std::vector<std::unique_ptr<Server>> servers, const VolumeOptions
 		munmap(region_, region_len_);
 		throw;
 	}
+	tagged_ = true;
+	for (auto &srv : servers_)
+		tagged_ = tagged_ && srv->bound();
+	if (tagged_) {
+		try {
+			recover(opts.missing_servers);
+		} catch (...) {
+			channels_.clear();
+			munmap(region_, region_len_);
+			throw;
+		}
+	}
 	repair_thread_ = std::thread([this] { repair_loop(); });
+}
+
+void Volume::recover(unsigned missing)
+{
+	auto log = logger("volume");
+	std::vector<FoundSlab> found;
+	std::vector<FoundFloor> floors;
+	unsigned reattached = 0;
+	const unsigned unreachable = missing;
+	for (size_t i = 0; i < servers_.size(); i++) {
+		if (!servers_[i]->reattached()) {
+			missing++;
+			continue;
+		}
+		reattached++;
+		std::vector<proto::VolumeEntry> sl, fl;
+		if (int err = servers_[i]->list_volume(sl, fl))
+			throw std::runtime_error("memserver " + servers_[i]->name() +
+						 ": cannot list the slabs kept for the volume: " +
+						 std::strerror(err));
+		for (const auto &e : sl)
+			found.push_back(FoundSlab{uint16_t(i), e.slab_id, e.rkey, e.addr, e.chunk, e.epoch});
+		for (const auto &e : fl)
+			floors.push_back(FoundFloor{e.chunk, e.epoch});
+	}
+	if (reattached == 0) {
+		log->warn("no memserver kept anything for this volume: it starts EMPTY (a first "
+			  "start; or the lease expired or the memservers restarted, and whatever it "
+			  "held before is gone)");
+		return;
+	}
+	ReattachInput in;
+	in.nchunks = nslabs_;
+	in.replicas = replicas_;
+	in.max_replicas = kMaxReplicas;
+	in.missing = missing;
+	in.slabs = found;
+	in.floors = floors;
+	const ReattachPlan plan = plan_reattach(in);
+	uint64_t degraded = 0;
+	for (const auto &c : plan.chunks) {
+		Slab &s = slabs_[c.chunk];
+		for (size_t idx : c.use) {
+			const FoundSlab &f = found[idx];
+			s.rep[s.nrep++] = Replica{f.server, sstate_[f.server].gen.load(),
+						  SlabGrant{f.slab_id, slab_size_, f.addr, f.rkey}, f.epoch};
+			sstate_[f.server].used.fetch_add(1);
+		}
+		s.epoch = c.epoch;
+		degraded += s.nrep < replicas_;
+	}
+	for (uint64_t c : plan.lost)
+		slabs_[c].lost = true;
+	uint64_t lost = plan.lost.size();
+	if (plan.all_empty_lost)
+		for (uint64_t i = 0; i < nslabs_; i++)
+			if (slabs_[i].nrep == 0 && !slabs_[i].lost) {
+				slabs_[i].lost = true;
+				lost++;
+			}
+	for (size_t idx : plan.discard)
+		servers_[found[idx].server]->free_slab(found[idx].slab_id);
+	reattached_.store(plan.chunks.size());
+	reattach_stale_.store(plan.stale);
+	log->info("reattached: {} chunks with data ({} degraded, repaired in the background) from "
+		  "{} of {} memservers; {} stale and {} incomplete replicas given back",
+		  plan.chunks.size(), degraded, reattached, servers_.size() + unreachable,
+		  plan.stale, plan.incomplete);
+	if (plan.out_of_range)
+		log->warn("reattach: {} slabs lie beyond the volume's size (was it smaller before?): "
+			  "given back",
+			  plan.out_of_range);
+	if (lost)
+		log->error("reattach: {} chunks are LOST and read as errors (EIO), never as zeros or "
+			   "stale bytes: {}{}",
+			   lost,
+			   plan.all_empty_lost ? "memservers that may have held them did not hand back "
+						 "the volume (unreachable, restarted or lease expired); "
+					       : "",
+			   plan.lost.empty() ? "" : "their newest replicas are gone");
+	if (degraded)
+		kick_repair();
 }
 
 Volume::~Volume()
@@ -139,6 +234,7 @@ VolumeStats Volume::stats() const
 	st.slabs = nslabs_;
 	for (uint64_t i = 0; i < nslabs_; i++) {
 		std::shared_lock lock(slabs_[i].mu);
+		st.lost += slabs_[i].nrep == 0 && slabs_[i].lost;
 		if (slabs_[i].nrep == 0)
 			continue;
 		st.slabs_live++;
@@ -149,6 +245,9 @@ VolumeStats Volume::stats() const
 	st.repaired = repaired_.load();
 	st.repair_bytes = repair_bytes_.load();
 	st.server_failures = server_failures_.load();
+	st.epoch_raises = epoch_raises_.load();
+	st.reattached = reattached_.load();
+	st.reattach_stale = reattach_stale_.load();
 	st.migrated = migrated_.load();
 	st.migrate_bytes = migrate_bytes_.load();
 	st.migrate_pending = migrate_pending_.load();
@@ -171,6 +270,9 @@ std::string Volume::status_text() const
 	kv("repaired", std::to_string(st.repaired));
 	kv("repair_bytes", std::to_string(st.repair_bytes));
 	kv("server_failures", std::to_string(st.server_failures));
+	kv("epoch_raises", std::to_string(st.epoch_raises));
+	kv("reattached", std::to_string(st.reattached));
+	kv("reattach_stale", std::to_string(st.reattach_stale));
 	kv("migrated", std::to_string(st.migrated));
 	kv("migrate_bytes", std::to_string(st.migrate_bytes));
 	kv("migrate_ms", std::to_string(st.migrate_ms));
@@ -292,9 +394,9 @@ int Volume::allocate(Slab &s)
 			tried[ntried++] = i;
 			SlabGrant g;
 			const uint32_t gen = sstate_[i].gen.load();
-			const int r = servers_[i]->alloc_slab(g);
+			const int r = servers_[i]->alloc_tagged(uint64_t(&s - slabs_.get()), s.epoch, g);
 			if (r == 0) {
-				s.rep[s.nrep++] = Replica{i, gen, g};
+				s.rep[s.nrep++] = Replica{i, gen, g, s.epoch};
 				sstate_[i].used.fetch_add(1);
 			} else if (r != ENOSPC) {
 				err = EIO;
@@ -316,9 +418,12 @@ int Volume::lock_for_write(uint64_t slab)
 		s.mu.lock_shared();
 		if (s.nrep > 0)
 			return 0;
+		const bool lost = s.lost;
 		s.mu.unlock_shared();
+		if (lost)
+			return EIO; // lost at reattach: a write must not make the rest read zeros
 		std::unique_lock ex(s.mu);
-		if (s.nrep == 0) {
+		if (s.nrep == 0 && !s.lost) {
 			if (int err = allocate(s)) {
 				logger("volume")->error("cannot allocate slab {}: {}", slab,
 							std::strerror(err));
@@ -334,27 +439,52 @@ int Volume::give_back(uint64_t slab)
 	Slab &s = slabs_[slab];
 	// Waits for I/O in flight on this slab (each bounded by the timeout).
 	std::unique_lock ex(s.mu);
+	bool confirmed = true;
 	for (unsigned i = 0; i < s.nrep; i++)
-		release_replica(s.rep[i]);
+		confirmed = release_replica(s.rep[i]) && confirmed;
+	if (tagged_ && s.nrep && !confirmed) {
+		// A donor may still hold a replica with our tag: a restart must not bring its bytes
+		// back. Replicas written later get a higher epoch, and the floor makes the chunk
+		// read EIO after a restart if nothing newer exists.
+		s.epoch++;
+		record_floor(slab, s.epoch, 0);
+	}
 	// The content is discarded either way; a slab a server kept is reclaimed when our
 	// session ends (or by reconciliation after an unknown outcome).
 	s.nrep = 0;
+	s.lost = false; // trimmed whole: reads zeros from now on
 	return 0;
 }
 
-void Volume::release_replica(const Replica &r)
+bool Volume::release_replica(const Replica &r)
 {
 	sstate_[r.server].used.fetch_sub(1);
 	Server &srv = *servers_[r.server];
 	if (!srv.session_alive())
-		return; // gone with its session
+		return true; // gone with its session
 	if (!valid(r)) { // its donor failed and may hang: do not wait on it
 		srv.forget_slab(r.grant.id);
-		return;
+		return false;
 	}
-	if (int err = srv.free_slab(r.grant.id))
+	if (int err = srv.free_slab(r.grant.id)) {
 		logger("volume")->warn("memserver {} did not take back slab {}: {}", srv.name(),
 				       r.grant.id, std::strerror(err));
+		return false;
+	}
+	return true;
+}
+
+void Volume::record_floor(uint64_t slab, uint64_t epoch, uint64_t skip)
+{
+	const int64_t now = now_ns();
+	for (size_t i = 0; i < servers_.size(); i++) {
+		if (skip & (uint64_t(1) << i) || !servers_[i]->session_alive() ||
+		    now < sstate_[i].down_until.load())
+			continue;
+		if (int err = servers_[i]->set_floor(slab, epoch))
+			logger("volume")->debug("slab {}: floor on {} not recorded: {}", slab,
+						servers_[i]->name(), std::strerror(err));
+	}
 }
 
 int Volume::read_chunk(Channel &ch, uint64_t at, uint32_t len)
@@ -375,6 +505,10 @@ int Volume::read_chunk(Channel &ch, uint64_t at, uint32_t len)
 				continue;
 			const Piece &p = pieces[i];
 			const Slab &s = slabs_[p.slab];
+			if (s.nrep == 0 && s.lost) { // lost at reattach
+				err = EIO;
+				break;
+			}
 			if (s.nrep == 0) { // never written: zeros, no round trip
 				std::memset(ch.buf + p.pos, 0, p.len);
 				done[i] = true;
@@ -479,12 +613,18 @@ int Volume::write_chunk(Channel &ch, uint64_t at, uint32_t len)
 	// invalidated meanwhile may have missed an earlier write).
 	for (unsigned i = 0; i < locked && !err; i++) {
 		const Slab &s = slabs_[pieces[i].slab];
-		bool held = false;
-		for (unsigned k = 0; k < s.nrep && !held; k++)
-			held = (posted[i] & (1u << k)) &&
-			       !(failed & (uint64_t(1) << s.rep[k].server)) && valid(s.rep[k]);
-		if (!held)
+		uint8_t took = 0;
+		unsigned ntook = 0;
+		for (unsigned k = 0; k < s.nrep; k++)
+			if ((posted[i] & (1u << k)) &&
+			    !(failed & (uint64_t(1) << s.rep[k].server)) && valid(s.rep[k])) {
+				took |= uint8_t(1u << k);
+				ntook++;
+			}
+		if (ntook == 0)
 			err = EIO;
+		else if (tagged_ && ntook < replicas_) // degraded: never on the normal path
+			err = fence_stale(pieces[i].slab, took);
 	}
 	for (unsigned i = 0; i < locked; i++)
 		slabs_[pieces[i].slab].mu.unlock_shared();
@@ -604,6 +744,56 @@ int Volume::zero(uint32_t count, uint64_t offset, bool fast_only)
 	return err;
 }
 
+int Volume::fence_stale(uint64_t slab, uint8_t took)
+{
+	Slab &s = slabs_[slab];
+	std::lock_guard lock(s.epoch_mu);
+	uint64_t min_took = UINT64_MAX, max_other = 0, max_all = 0;
+	for (unsigned k = 0; k < s.nrep; k++) {
+		const uint64_t e = s.rep[k].epoch;
+		if (took & (1u << k))
+			min_took = std::min(min_took, e);
+		else
+			max_other = std::max(max_other, e);
+		max_all = std::max(max_all, e);
+	}
+	if (min_took > max_other && s.floored >= min_took)
+		return 0; // fenced already (by an earlier write since the replica set shrank)
+	const uint64_t target = min_took > max_other ? min_took : max_all + 1;
+	uint64_t holders = 0; // servers whose replica now carries `target`
+	for (unsigned k = 0; k < s.nrep; k++) {
+		if (!(took & (1u << k)))
+			continue;
+		Replica &r = s.rep[k];
+		if (r.epoch != target) {
+			if (int err = servers_[r.server]->set_tag(r.grant.id, slab, target)) {
+				logger("volume")->debug("slab {}: raising the epoch on {} failed: {}", slab,
+							servers_[r.server]->name(), std::strerror(err));
+				if (sstate_[r.server].gen.load() == r.gen)
+					invalidate(r.server);
+				took &= uint8_t(~(1u << k));
+				continue;
+			}
+			r.epoch = target;
+		}
+		holders |= uint64_t(1) << r.server;
+	}
+	if (!holders)
+		return EIO; // no replica that took the write could be marked newest
+	if (target != min_took)
+		epoch_raises_.fetch_add(1);
+	s.epoch = target;
+	// Witnesses: the other donors (not those holding a replica of this slab, which are
+	// stale or failed) learn the floor, so that a restart that finds only an older replica
+	// knows it is stale. Best effort, and skipped for donors on cooldown (they may hang).
+	uint64_t others = 0;
+	for (unsigned k = 0; k < s.nrep; k++)
+		others |= uint64_t(1) << s.rep[k].server;
+	record_floor(slab, target, holders | others);
+	s.floored = target;
+	return 0;
+}
+
 bool Volume::copy_slab(Channel &ch, const Replica &src, uint16_t dst, const SlabGrant &g,
 			std::atomic<uint64_t> &bytes)
 {
@@ -645,12 +835,8 @@ bool Volume::migrate(uint64_t slab, uint16_t server, uint32_t id, Channel &ch)
 		if (src < 0)
 			return false; // lost: keep the replica so that reads fail with EIO
 		if (!valid(s.rep[k])) {
-			// A stale copy: simply give it back; the repair restores the count.
-			old = s.rep[k];
-			s.rep[k] = s.rep[s.nrep - 1];
-			s.nrep--;
-			ex.unlock();
-			release_replica(old);
+			// A stale copy: the repair drops it (raising the epoch of the good ones first
+			// when the volume is bound) and restores the count; nothing to move.
 			kick_repair();
 			return true;
 		}
@@ -668,7 +854,9 @@ bool Volume::migrate(uint64_t slab, uint16_t server, uint32_t id, Channel &ch)
 				return false; // no other donor has room: the slab stays where it is
 			exclude[nex++] = dst;
 			gen = sstate_[dst].gen.load();
-			const int err = servers_[dst]->alloc_slab(g);
+			// Epoch 0 until the copy is complete (bound volumes): a restart never trusts a
+			// half copy.
+			const int err = servers_[dst]->alloc_tagged(slab, 0, g);
 			if (err == 0)
 				break;
 			if (err != ENOSPC)
@@ -677,15 +865,19 @@ bool Volume::migrate(uint64_t slab, uint16_t server, uint32_t id, Channel &ch)
 		sstate_[dst].used.fetch_add(1);
 		const Replica from = s.rep[src];
 		const int64_t t0 = now_ns();
-		const bool ok = copy_slab(ch, from, dst, g, migrate_bytes_);
+		bool ok = copy_slab(ch, from, dst, g, migrate_bytes_);
 		migrate_ns_.fetch_add(uint64_t(now_ns() - t0));
+		if (ok && tagged_ && servers_[dst]->set_tag(g.id, slab, s.epoch) != 0) {
+			mark_down(dst);
+			ok = false;
+		}
 		if (!ok || !valid(from)) {
 			ex.unlock();
-			release_replica(Replica{dst, gen, g});
+			release_replica(Replica{dst, gen, g, 0});
 			return false; // try again at the next pass
 		}
 		old = s.rep[k];
-		s.rep[k] = Replica{dst, gen, g};
+		s.rep[k] = Replica{dst, gen, g, s.epoch};
 	}
 	// Switched over: only now give the old slab back (the donor then withdraws it).
 	release_replica(old);
@@ -758,6 +950,16 @@ bool Volume::repair(uint64_t slab, Channel &ch)
 		std::unique_lock ex(s.mu);
 		if (s.nrep == 0)
 			return false;
+		if (tagged_) {
+			// Invalid replicas leave the set below, but their donors may still hold them
+			// (a hung donor): the good ones get a higher epoch first, so that a restart
+			// never takes a dropped replica for a current one.
+			uint8_t goodmask = 0;
+			for (unsigned i = 0; i < s.nrep; i++)
+				goodmask |= uint8_t(valid(s.rep[i]) << i);
+			if (goodmask && goodmask != (1u << s.nrep) - 1)
+				fence_stale(slab, goodmask); // a donor failing it is invalidated
+		}
 		Replica good[kMaxReplicas];
 		unsigned ngood = 0;
 		for (unsigned i = 0; i < s.nrep; i++)
@@ -775,18 +977,23 @@ bool Volume::repair(uint64_t slab, Channel &ch)
 			const uint16_t dst = chosen[k];
 			const uint32_t gen = sstate_[dst].gen.load();
 			SlabGrant g;
-			if (servers_[dst]->alloc_slab(g) != 0)
+			// Epoch 0 until the copy is complete: a restart never trusts a half copy.
+			if (servers_[dst]->alloc_tagged(slab, 0, g) != 0)
 				continue;
 			sstate_[dst].used.fetch_add(1);
 			// Copy the whole slab from a good replica; no write can run meanwhile (we hold
 			// the slab exclusively).
 			const Replica &src = good[0];
-			const bool ok = copy_slab(ch, src, dst, g, repair_bytes_);
+			bool ok = copy_slab(ch, src, dst, g, repair_bytes_);
+			if (ok && tagged_ && servers_[dst]->set_tag(g.id, slab, s.epoch) != 0) {
+				mark_down(dst);
+				ok = false;
+			}
 			if (!ok || !valid(src)) {
-				drop[ndrop++] = Replica{dst, gen, g};
+				drop[ndrop++] = Replica{dst, gen, g, 0};
 				break; // source or destination failed: try again on the next pass
 			}
-			good[ngood++] = Replica{dst, gen, g};
+			good[ngood++] = Replica{dst, gen, g, s.epoch};
 			repaired_.fetch_add(1);
 			changed = true;
 		}

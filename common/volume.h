@@ -11,6 +11,13 @@
 //   valid; replicas that failed it are invalidated (never read again) and repaired later.
 // - A read that fails on one replica falls back to another. When no valid replica of a slab
 //   is left, its reads and writes fail with EIO: never zeros, never stale bytes.
+// - A background thread restores `replicas` copies of degraded slabs on other donors.
+// - Reattach (servers bound to a volume, Server::bound()): every replica is
+//   tagged on its memserver with (chunk, epoch). A write acknowledged by fewer than
+//   `replicas` replicas first raises the epoch of those that took it above every replica
+//   that did not (and records the epoch as a floor on the other donors), so a restarted
+//   volume, which trusts only the highest epoch of each chunk, never reads a replica that
+//   missed an acknowledged write. See docs/replication.md, "Restart".
 // - A background thread restores `replicas` copies of degraded slabs on other donors, and
 //   moves slabs that their donor wants back (give-back) to other donors before freeing them.
 #pragma once
@@ -50,6 +57,9 @@ struct VolumeOptions {
 	std::chrono::milliseconds repair_interval{500};
 	// A donor that failed is not given new slabs for this long.
 	std::chrono::milliseconds down_cooldown{10000};
+	// Servers of the volume that are not among `servers` (unreachable at start). Reattach
+	// counts them as missing (reattach.h).
+	unsigned missing_servers = 0;
 };
 
 struct VolumeStats {
@@ -60,6 +70,9 @@ struct VolumeStats {
 	uint64_t repaired = 0;       // replicas re-created by the repair thread
 	uint64_t repair_bytes = 0;   // bytes copied by the repair thread
 	uint64_t server_failures = 0;
+	uint64_t epoch_raises = 0;   // degraded writes that raised a chunk's epoch
+	uint64_t reattached = 0;     // chunks taken over from a previous plugin at start
+	uint64_t reattach_stale = 0; // replicas found at start that were older: given back
 	uint64_t migrated = 0;        // slabs moved off a donor that wanted them back
 	uint64_t migrate_bytes = 0;   // bytes copied by those moves
 	uint64_t migrate_ms = 0;      // time spent copying them (throughput: bytes / time)
@@ -105,11 +118,18 @@ private:
 		uint16_t server = 0;
 		uint32_t gen = 0; // the server's generation when this replica was last known good
 		SlabGrant grant;
+		uint64_t epoch = 0; // its tag's epoch on the server (bound volumes)
 	};
 	struct Slab {
 		mutable std::shared_mutex mu; // shared: I/O; exclusive: allocate, trim, repair
 		uint8_t nrep = 0;             // 0: never written (reads zeros)
+		bool lost = false;            // nrep 0 after a reattach that could not find it: EIO
 		Replica rep[kMaxReplicas];
+		// Bound volumes. `epoch`: the chunk's epoch (new replicas get it); changed under
+		// epoch_mu (with mu shared) or with mu exclusive. `floored`: floors recorded up to.
+		std::mutex epoch_mu;
+		uint64_t epoch = 1;
+		uint64_t floored = 0;
 	};
 	struct ServerState {
 		std::atomic<uint32_t> gen{0};
@@ -151,10 +171,20 @@ private:
 	int give_back(uint64_t slab);
 	// Return one replica's slab to its server: freed at once if the server is healthy,
 	// otherwise forgotten (reclaimed later) so that a hung donor never blocks us.
-	void release_replica(const Replica &r);
+	// True if the server confirmed it took the slab back (or the session is gone with it).
+	bool release_replica(const Replica &r);
+	// Record `epoch` as the floor of `slab` on every healthy donor not in `skip` (bit per
+	// server). Best effort.
+	void record_floor(uint64_t slab, uint64_t epoch, uint64_t skip);
 	int read_chunk(Channel &ch, uint64_t at, uint32_t len);
 	// Write the channel buffer's first `len` bytes to [at, at+len).
 	int write_chunk(Channel &ch, uint64_t at, uint32_t len);
+	// Take over what the memservers kept for our volume (constructor, bound volumes).
+	void recover(unsigned missing);
+	// A write of slab `slab` was taken by the replicas in `took` (bit k: rep[k]) only, fewer
+	// than replicas_: make sure their epoch is above every other replica's and recorded as
+	// a floor elsewhere before it is acknowledged. 0 or EIO. Slab held shared.
+	int fence_stale(uint64_t slab, uint8_t took);
 	void repair_loop();
 	// Copy the whole slab from replica `src` into grant `g` on server `dst` through `ch`,
 	// counting the bytes in `bytes`. False if a transfer failed (that donor is marked down).
@@ -186,7 +216,9 @@ private:
 	std::mutex place_mu_;  // placement (rng, load snapshot): allocation path only
 	std::minstd_rand rng_;
 
+	bool tagged_ = false; // every server is bound to the volume
 	std::atomic<uint64_t> repaired_{0}, repair_bytes_{0}, server_failures_{0};
+	std::atomic<uint64_t> epoch_raises_{0}, reattached_{0}, reattach_stale_{0};
 	std::atomic<uint64_t> migrated_{0}, migrate_bytes_{0}, migrate_pending_{0}, migrate_ns_{0};
 	std::mutex repair_mu_;
 	std::condition_variable repair_cv_;

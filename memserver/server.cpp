@@ -179,9 +179,79 @@ void Memserver::leave_session(uint64_t session)
 	if (!sessions_.leave(session))
 		return;
 	if (rdma_)
-		rdma_->end_session(session);
+		rdma_->end_session(session); // a detached session's rkeys die with its PD
+	if (sessions_.detached(session)) {
+		logger("memserver")->info("session {:016x} detached: its slabs are kept for its "
+					  "volume's lease",
+					  session);
+		return;
+	}
 	const uint32_t n = pool_.release_all(session);
 	logger("memserver")->info("session {:016x} ended; {} slabs freed", session, n);
+}
+
+void Memserver::expire_leases()
+{
+	for (const auto &e : sessions_.expire(SessionTable::Clock::now())) {
+		const uint32_t n = pool_.release_all(e.id);
+		logger("memserver")->info("volume {} (session {:016x}, last client {}): lease "
+					  "expired; {} slabs freed",
+					  e.name, e.id, e.peer, n);
+	}
+}
+
+int Memserver::volume_list(uint64_t session, const proto::VolumeListRequest &req,
+			   std::vector<std::byte> &out)
+{
+	if (req.what == proto::ListWhat::Sessions) {
+		const auto now = SessionTable::Clock::now();
+		std::vector<proto::SessionEntry> v;
+		for (const auto &r : sessions_.report(now)) {
+			if (v.size() >= proto::kMaxSessionEntries)
+				break;
+			proto::SessionEntry e;
+			e.session = r.id;
+			e.slabs = uint32_t(pool_.owned_by(r.id).size());
+			e.flags = (r.detached ? proto::kSessionDetached : 0) |
+				  (r.rdma ? proto::kSessionRdma : 0) | (r.bound ? proto::kSessionBound : 0);
+			e.lease_left_ms = uint64_t(r.lease_left.count());
+			e.lease_s = r.lease_s;
+			e.connections = r.refs;
+			std::memcpy(e.volume.data(), r.name.data(), std::min(r.name.size(), e.volume.size()));
+			std::memcpy(e.peer.data(), r.peer.data(),
+				    std::min(r.peer.size(), e.peer.size() - 1));
+			v.push_back(e);
+		}
+		const size_t skip = std::min<uint64_t>(req.start, v.size());
+		const std::span<const proto::SessionEntry> page(v.data() + skip, v.size() - skip);
+		out.resize(4 + page.size() * proto::kSessionEntrySize);
+		proto::encode_entries(page, out);
+		return 0;
+	}
+	if (!session)
+		return EACCES;
+	std::vector<proto::VolumeEntry> v;
+	if (req.what == proto::ListWhat::Floors) {
+		for (const auto &[chunk, epoch] :
+		     sessions_.floors(session, req.start, proto::kMaxVolumeEntries))
+			v.push_back(proto::VolumeEntry{proto::kNoSlab, 0, 0, chunk, epoch});
+	} else {
+		for (uint32_t id : pool_.owned_by(session)) {
+			if (id < req.start)
+				continue;
+			if (v.size() >= proto::kMaxVolumeEntries)
+				break;
+			const SlabPool::Tag t = pool_.tag(id);
+			proto::VolumeEntry e{id, 0, 0, t.chunk, t.epoch};
+			if (rdma_ && sessions_.wants_rdma(session))
+				if (int err = rdma_->expose_slab(session, id, e.addr, e.rkey))
+					return err; // EAGAIN: attach the data QPs first
+			v.push_back(e);
+		}
+	}
+	out.resize(4 + v.size() * proto::kVolumeEntrySize);
+	proto::encode_entries(v, out);
+	return 0;
 }
 
 proto::GiveBackReply Memserver::give_back_status() const
@@ -367,6 +437,7 @@ void Memserver::accept_loop()
 		pollfd p{listen_fd_.get(), POLLIN, 0};
 		const int rc = ::poll(&p, 1, 200);
 		reap(false);
+		expire_leases();
 		if (rc <= 0)
 			continue;
 		sockaddr_storage ss{};
@@ -386,6 +457,16 @@ void Memserver::accept_loop()
 		}
 		const int one = 1;
 		setsockopt(fd.get(), IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+		// A client host that died without closing its sockets is noticed within about
+		// 20 s (keepalive probes on an idle connection; TCP_USER_TIMEOUT for unacknowledged
+		// data), so its session detaches and a restarted client can take its volume over.
+		const int idle = 5, intvl = 3, cnt = 5, user_timeout_ms = 20000;
+		setsockopt(fd.get(), SOL_SOCKET, SO_KEEPALIVE, &one, sizeof one);
+		setsockopt(fd.get(), IPPROTO_TCP, TCP_KEEPIDLE, &idle, sizeof idle);
+		setsockopt(fd.get(), IPPROTO_TCP, TCP_KEEPINTVL, &intvl, sizeof intvl);
+		setsockopt(fd.get(), IPPROTO_TCP, TCP_KEEPCNT, &cnt, sizeof cnt);
+		setsockopt(fd.get(), IPPROTO_TCP, TCP_USER_TIMEOUT, &user_timeout_ms,
+			   sizeof user_timeout_ms);
 		set_io_timeout(fd.get(), std::chrono::duration_cast<std::chrono::milliseconds>(
 						 kMessageTimeout));
 		auto c = std::make_shared<Conn>(opts_.auth_keys);
@@ -571,6 +652,7 @@ void Memserver::serve(Conn &c)
 			SessionTable::Creds cr{req.session_id, req.token};
 			if (req.session_id == 0) {
 				cr = sessions_.create(req.want_rdma, c.auth.attach_key());
+				sessions_.set_peer(cr.id, c.peer);
 				log->info("{}: new session {:016x}{}", c.peer, cr.id,
 					  req.want_rdma ? " (rdma)" : "");
 			} else if (!sessions_.join(req.session_id, req.token)) {
@@ -599,16 +681,27 @@ void Memserver::serve(Conn &c)
 			ok = send_reply(fd, h, 0, out);
 			break;
 		}
+		case proto::Op::AllocTagged: // ALLOC that also sets the slab's tag
 		case proto::Op::Alloc: {
 			if (!session) {
 				ok = send_reply(fd, h, EACCES, {});
 				break;
 			}
+			proto::AllocTaggedRequest tag;
+			if (h.op == proto::Op::AllocTagged)
+				if (auto s = proto::decode(b, tag); !s.ok) {
+					warn_peer(PeerEvent::Protocol, c.peer + ": malformed ALLOC_TAGGED (" +
+						  s.error + "); disconnecting");
+					ok = false;
+					break;
+				}
 			const auto id = pool_.allocate(session);
 			if (!id) {
 				ok = send_reply(fd, h, ENOSPC, {});
 				break;
 			}
+			if (h.op == proto::Op::AllocTagged)
+				pool_.set_tag(*id, session, {tag.chunk, tag.epoch});
 			proto::AllocReply r;
 			r.slab_id = *id;
 			r.length = pool_.slab_size();
@@ -696,6 +789,78 @@ void Memserver::serve(Conn &c)
 			std::vector<std::byte> out(4 + 4 * ids.size());
 			proto::encode_list(ids, out);
 			ok = send_reply(fd, h, 0, out);
+			break;
+		}
+		case proto::Op::Bind: {
+			proto::BindRequest req;
+			if (auto s = proto::decode(b, req); !s.ok) {
+				warn_peer(PeerEvent::Protocol, c.peer + ": malformed BIND (" + s.error + "); disconnecting");
+				ok = false;
+				break;
+			}
+			if (!session) {
+				ok = send_reply(fd, h, EACCES, {});
+				break;
+			}
+			const std::string name(req.name.data(), strnlen(req.name.data(), req.name.size()));
+			// Scoped to the key the peer proved it holds: another key never matches.
+			const std::string scoped = fmt::format("{:016x}/{}", c.auth.key_id(), name);
+			const auto r = sessions_.bind(session, scoped, name, req.lease_s);
+			if (r.err == EBUSY) {
+				log->warn("{}: volume {} refused: session of {} still has live connections "
+					  "(never two owners)",
+					  c.peer, name, r.other_peer);
+				ok = send_reply(fd, h, EBUSY, {});
+				break;
+			}
+			if (r.err) {
+				ok = send_reply(fd, h, r.err, {});
+				break;
+			}
+			proto::BindReply rep;
+			if (r.took_over) {
+				rep.reattached = 1;
+				rep.slabs = pool_.reassign(r.took_over, session);
+				rep.detached_ms = uint64_t(r.detached_for.count());
+				log->info("{}: volume {} reattached: session {:016x} took over {} slabs "
+					  "of session {:016x} (detached {} ms)",
+					  c.peer, name, session, rep.slabs, r.took_over, rep.detached_ms);
+			} else {
+				log->info("{}: session {:016x} bound to volume {} (lease {} s)", c.peer,
+					  session, name, req.lease_s);
+			}
+			std::array<std::byte, proto::kBindReplySize> out;
+			proto::encode(rep, out);
+			ok = send_reply(fd, h, 0, out);
+			break;
+		}
+		case proto::Op::SetTag: {
+			proto::SetTagRequest req;
+			if (auto s = proto::decode(b, req); !s.ok) {
+				warn_peer(PeerEvent::Protocol, c.peer + ": malformed SET_TAG (" + s.error + "); disconnecting");
+				ok = false;
+				break;
+			}
+			int status = 0;
+			if (!session)
+				status = EACCES;
+			else if (req.slab_id == proto::kNoSlab)
+				status = sessions_.set_floor(session, req.chunk, req.epoch);
+			else if (!pool_.set_tag(req.slab_id, session, {req.chunk, req.epoch}))
+				status = EACCES;
+			ok = send_reply(fd, h, uint32_t(status), {});
+			break;
+		}
+		case proto::Op::VolumeList: {
+			proto::VolumeListRequest req;
+			if (auto s = proto::decode(b, req); !s.ok) {
+				warn_peer(PeerEvent::Protocol, c.peer + ": malformed VOLUME_LIST (" + s.error + "); disconnecting");
+				ok = false;
+				break;
+			}
+			std::vector<std::byte> out; // control path
+			const int status = volume_list(session, req, out);
+			ok = send_reply(fd, h, uint32_t(status), out);
 			break;
 		}
 		case proto::Op::GiveBack: {

@@ -74,6 +74,8 @@ public:
 
 	// Called by the TCP and RDMA services when a connection of `session` ends.
 	void leave_session(uint64_t session);
+	// Free the slabs of detached sessions whose lease ended (called by the accept loop).
+	void expire_leases();
 	// What a peer did wrong. Each kind is rate-limited on its own, so that a flood of one
 	// kind cannot hide another.
 	enum class PeerEvent { Auth, Limit, Slow, Protocol };
@@ -88,6 +90,9 @@ private:
 	// Stop connection `id` of `session` from applying any further request, waiting for the
 	// one it may be applying now. No-op if there is no such connection.
 	void fence(uint64_t session, uint64_t id);
+	// The VOLUME_LIST reply for `req` (control path: allocates). 0 or an errno.
+	int volume_list(uint64_t session, const proto::VolumeListRequest &req,
+			std::vector<std::byte> &out);
 	// --reserve: withdraw slabs while MemAvailable is below the reserve; take back those it
 	// withdrew once MemAvailable is well above it again.
 	void reserve_loop();

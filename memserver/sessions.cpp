@@ -4,6 +4,7 @@
 
 #include <sys/random.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <stdexcept>
 
@@ -44,6 +45,7 @@ bool SessionTable::join(uint64_t id, uint64_t token)
 	if (!mac_equal(std::as_bytes(std::span(&have, 1)), std::as_bytes(std::span(&token, 1))))
 		return false;
 	it->second.refs++;
+	it->second.detached = false; // its client came back before the lease ended
 	return true;
 }
 
@@ -55,8 +57,139 @@ bool SessionTable::leave(uint64_t id)
 		return false;
 	if (--it->second.refs > 0)
 		return false;
-	map_.erase(it);
+	if (!it->second.scoped.empty() && it->second.lease_s > 0) {
+		it->second.detached = true;
+		it->second.detached_at = Clock::now();
+	} else {
+		map_.erase(it);
+	}
 	return true;
+}
+
+void SessionTable::set_peer(uint64_t id, const std::string &peer)
+{
+	std::lock_guard lock(mu_);
+	if (auto it = map_.find(id); it != map_.end())
+		it->second.peer = peer;
+}
+
+SessionTable::BindResult SessionTable::bind(uint64_t id, const std::string &scoped,
+					    const std::string &name, uint32_t lease_s)
+{
+	std::lock_guard lock(mu_);
+	BindResult r;
+	auto it = map_.find(id);
+	if (it == map_.end() || scoped.empty()) {
+		r.err = EINVAL;
+		return r;
+	}
+	Entry &me = it->second;
+	if (!me.scoped.empty()) {
+		if (me.scoped != scoped)
+			r.err = EINVAL;
+		else
+			me.lease_s = lease_s;
+		return r;
+	}
+	for (auto o = map_.begin(); o != map_.end(); ++o) {
+		if (o->first == id || o->second.scoped != scoped)
+			continue;
+		if (!o->second.detached) { // never two live owners
+			r.err = EBUSY;
+			r.other_peer = o->second.peer;
+			return r;
+		}
+		r.took_over = o->first;
+		r.detached_for = std::chrono::duration_cast<std::chrono::milliseconds>(
+			Clock::now() - o->second.detached_at);
+		me.floors = std::move(o->second.floors);
+		map_.erase(o);
+		break;
+	}
+	me.scoped = scoped;
+	me.name = name;
+	me.lease_s = lease_s;
+	return r;
+}
+
+bool SessionTable::detached(uint64_t id) const
+{
+	std::lock_guard lock(mu_);
+	auto it = map_.find(id);
+	return it != map_.end() && it->second.detached;
+}
+
+std::vector<SessionTable::Expired> SessionTable::expire(Clock::time_point now)
+{
+	std::lock_guard lock(mu_);
+	std::vector<Expired> out;
+	for (auto it = map_.begin(); it != map_.end();) {
+		const Entry &e = it->second;
+		if (e.detached && now - e.detached_at >= std::chrono::seconds(e.lease_s)) {
+			out.push_back(Expired{it->first, e.name, e.peer});
+			it = map_.erase(it);
+		} else {
+			++it;
+		}
+	}
+	return out;
+}
+
+int SessionTable::set_floor(uint64_t id, uint64_t chunk, uint64_t epoch)
+{
+	std::lock_guard lock(mu_);
+	auto it = map_.find(id);
+	if (it == map_.end() || it->second.scoped.empty())
+		return EINVAL;
+	auto &f = it->second.floors;
+	if (epoch == 0) {
+		f.erase(chunk);
+		return 0;
+	}
+	if (!f.count(chunk) && f.size() >= kMaxFloors)
+		return ENOSPC;
+	f[chunk] = epoch;
+	return 0;
+}
+
+std::vector<std::pair<uint64_t, uint64_t>> SessionTable::floors(uint64_t id, uint64_t start,
+								size_t max) const
+{
+	std::lock_guard lock(mu_);
+	std::vector<std::pair<uint64_t, uint64_t>> out;
+	auto it = map_.find(id);
+	if (it == map_.end())
+		return out;
+	for (auto f = it->second.floors.lower_bound(start);
+	     f != it->second.floors.end() && out.size() < max; ++f)
+		out.emplace_back(f->first, f->second);
+	return out;
+}
+
+std::vector<SessionTable::Report> SessionTable::report(Clock::time_point now) const
+{
+	std::lock_guard lock(mu_);
+	std::vector<Report> out;
+	for (const auto &[id, e] : map_) {
+		Report r;
+		r.id = id;
+		r.rdma = e.rdma;
+		r.bound = !e.scoped.empty();
+		r.detached = e.detached;
+		r.refs = e.refs;
+		r.lease_s = e.lease_s;
+		if (e.detached) {
+			const auto end = e.detached_at + std::chrono::seconds(e.lease_s);
+			r.lease_left = end > now ? std::chrono::duration_cast<std::chrono::milliseconds>(
+							   end - now)
+						 : std::chrono::milliseconds(0);
+		}
+		r.name = e.name;
+		r.peer = e.peer;
+		out.push_back(std::move(r));
+	}
+	std::sort(out.begin(), out.end(), [](const Report &a, const Report &b) { return a.id < b.id; });
+	return out;
 }
 
 bool SessionTable::wants_rdma(uint64_t id) const

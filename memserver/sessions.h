@@ -1,10 +1,15 @@
 // SPDX-License-Identifier: MIT
 // Client sessions of a memserver: a session owns slabs and is shared by all of one client's
 // connections (control, TCP data, RDMA QPs). It ends, and its slabs are freed, when its last
-// connection closes.
+// connection closes, unless it is bound to a volume with a lease: then it is kept detached
+// (slabs untouched) until the lease expires or a new session of the same volume takes it over.
 #pragma once
 
+#include <chrono>
 #include <cstdint>
+#include <map>
+#include <string>
+#include <vector>
 
 #include "common/auth.h"
 #include <mutex>
@@ -24,7 +29,9 @@ public:
 	Creds create(bool rdma, const Mac &attach_key);
 	// Add a reference to an existing session if the token matches (compared in constant time).
 	bool join(uint64_t id, uint64_t token);
-	// Drop a reference; true if it was the last (the caller then frees the session's slabs).
+	// Drop a reference; true if it was the last. Then either the session ended (the caller
+	// frees its slabs) or, bound with a lease, it is detached (see detached(); the caller
+	// keeps its slabs and drops only its RDMA state).
 	bool leave(uint64_t id);
 	bool wants_rdma(uint64_t id) const;
 	// The attach key of session `id`; false if there is no such session.
@@ -32,12 +39,61 @@ public:
 	uint32_t count() const;
 	uint32_t rdma_count() const;
 
+	// --- Volumes and reattach (docs/interfaces.md). A detached session can be joined again
+	// with its token (its client came back), or taken over by a new session that binds the
+	// same volume id.
+	using Clock = std::chrono::steady_clock;
+	// Who created session `id` (for logs and status).
+	void set_peer(uint64_t id, const std::string &peer);
+	struct BindResult {
+		int err = 0;                 // 0, EBUSY (live owner), EINVAL (bound to another volume)
+		uint64_t took_over = 0;      // the detached session whose slabs are now ours (0: none)
+		std::chrono::milliseconds detached_for{0};
+		std::string other_peer;      // EBUSY: the peer of the live owner
+	};
+	// Bind session `id` to `scoped` (the volume id prefixed with the key id, so that a client
+	// holding another key never matches it; `name` is the id as the client gave it). Takes
+	// over a detached session of the same volume (its floors move to `id`; the caller moves
+	// its slabs with SlabPool::reassign). Binding the same volume again is a no-op.
+	BindResult bind(uint64_t id, const std::string &scoped, const std::string &name,
+			uint32_t lease_s);
+	// True if session `id` exists and is detached (leave() kept it for its lease).
+	bool detached(uint64_t id) const;
+	struct Expired {
+		uint64_t id = 0;
+		std::string name, peer;
+	};
+	// Remove detached sessions whose lease ended by `now`; the caller frees their slabs.
+	std::vector<Expired> expire(Clock::time_point now);
+	// A chunk's epoch floor in the volume of bound session `id` (epoch 0 removes it).
+	// 0, EINVAL (not bound) or ENOSPC (kMaxFloors floors already).
+	int set_floor(uint64_t id, uint64_t chunk, uint64_t epoch);
+	// Floors of session `id` with chunk >= start, at most `max`.
+	std::vector<std::pair<uint64_t, uint64_t>> floors(uint64_t id, uint64_t start,
+							  size_t max) const;
+	static constexpr size_t kMaxFloors = 1 << 20;
+	struct Report {
+		uint64_t id = 0;
+		bool rdma = false, bound = false, detached = false;
+		uint32_t refs = 0, lease_s = 0;
+		std::chrono::milliseconds lease_left{0};
+		std::string name, peer;
+	};
+	// Every session, sorted by id (control path: allocates).
+	std::vector<Report> report(Clock::time_point now) const;
+
 private:
 	struct Entry {
 		uint64_t token = 0;
 		uint32_t refs = 0;
 		bool rdma = false;
 		Mac attach{};
+		std::string peer;
+		std::string scoped, name;  // bound volume ("" if not bound)
+		uint32_t lease_s = 0;
+		bool detached = false;
+		Clock::time_point detached_at{};
+		std::map<uint64_t, uint64_t> floors; // chunk -> epoch floor
 	};
 	mutable std::mutex mu_;
 	std::unordered_map<uint64_t, Entry> map_;

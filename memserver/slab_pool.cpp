@@ -113,8 +113,9 @@ bool SlabPool::release(uint32_t id, uint64_t owner)
 		return true;
 	}
 	wipe(id);
-	slabs_[id].owner.store(0);
 	std::lock_guard lock(mu_);
+	slabs_[id].tag = Tag{};
+	slabs_[id].owner.store(0);
 	free_.push_back(id);
 	return true;
 }
@@ -125,6 +126,33 @@ uint32_t SlabPool::release_all(uint64_t owner)
 	for (uint32_t i = 0; i < nslabs_; i++)
 		if (slabs_[i].owner.load() == owner && release(i, owner))
 			n++;
+	return n;
+}
+
+bool SlabPool::set_tag(uint32_t id, uint64_t owner, const Tag &tag)
+{
+	std::lock_guard lock(mu_);
+	if (!owns(id, owner))
+		return false;
+	slabs_[id].tag = tag;
+	return true;
+}
+
+SlabPool::Tag SlabPool::tag(uint32_t id) const
+{
+	std::lock_guard lock(mu_);
+	return id < nslabs_ ? slabs_[id].tag : Tag{};
+}
+
+uint32_t SlabPool::reassign(uint64_t from, uint64_t to)
+{
+	if (from == 0 || from == kReleasing || to == 0 || to == kReleasing)
+		return 0;
+	uint32_t n = 0;
+	for (uint32_t i = 0; i < nslabs_; i++) {
+		uint64_t expected = from;
+		n += slabs_[i].owner.compare_exchange_strong(expected, to);
+	}
 	return n;
 }
 

@@ -43,6 +43,18 @@ public:
 	// The slabs `owner` holds (control path).
 	std::vector<uint32_t> owned_by(uint64_t owner) const;
 
+	// Reattach (control path). A slab's tag says which chunk of its client's volume it holds
+	// and the chunk's epoch; a fresh slab has tag {0, 0}, and release() clears it.
+	struct Tag {
+		uint64_t chunk = 0;
+		uint64_t epoch = 0;
+	};
+	// Set the tag of a slab `owner` holds; false if it does not hold it.
+	bool set_tag(uint32_t id, uint64_t owner, const Tag &tag);
+	Tag tag(uint32_t id) const;
+	// Hand every slab `from` holds to `to` (a session taking over a detached one); their
+	// content and tags are kept. Returns how many.
+	uint32_t reassign(uint64_t from, uint64_t to);
 	// Give-back (control path). Withdraw up to `n` more slabs from the pool: free slabs
 	// first, at once (their pages are unlocked and released to the kernel, and they are
 	// never granted again); then granted slabs are marked *wanted back*: each is withdrawn
@@ -71,6 +83,7 @@ private:
 	struct Slab {
 		std::atomic<uint64_t> owner{0}; // 0: free; kReleasing while being zeroed
 		std::atomic<uint32_t> inflight{0};
+		Tag tag; // guarded by mu_ (control path only)
 	};
 	static constexpr uint64_t kReleasing = ~uint64_t(0);
 	// Give-back state of a slab (flags_, under mu_).
@@ -87,7 +100,7 @@ private:
 	std::byte *base_ = nullptr;
 	std::unique_ptr<Slab[]> slabs_;
 	bool lock_;
-	mutable std::mutex mu_; // guards free_, flags_ and the counts below
+	mutable std::mutex mu_; // guards free_, the tags, flags_ and the counts below
 	std::vector<uint32_t> free_;
 	std::vector<uint8_t> flags_;
 	uint32_t withdrawn_ = 0, wanted_ = 0;

@@ -24,6 +24,7 @@
 #include "common/auth.h"
 #include "common/config.h"
 #include "common/log.h"
+#include "common/reattach.h"
 #include "common/rdma/rdma_client.h"
 #include "common/remote_server.h"
 #include "common/swap_safety.h"
@@ -61,6 +62,8 @@ struct Config {
 	std::chrono::milliseconds timeout{10000};
 	std::shared_ptr<const AuthKey> auth_key; // auth-key=; null only with insecure=true
 	bool insecure = false;
+	std::string volume;    // volume=; default: default_volume_name()
+	unsigned lease = 60;   // lease=SECONDS; 0: nothing survives the plugin
 } g_cfg;
 std::vector<Endpoint> g_reachable; // servers that answered in get_ready
 std::unique_ptr<rdma::ClientContext> g_rdma;
@@ -223,6 +226,21 @@ int rdmaswap_config(const char *key, const char *value)
 			nbdkit_error("rdmaswap: auth-key=: %s", e.what());
 			return -1;
 		}
+	} else if (k == "volume") {
+		if (!proto::valid_volume_name(value)) {
+			nbdkit_error("rdmaswap: volume=%s: 1 to %zu characters, each a printable "
+				     "ASCII character other than space",
+				     value, proto::kMaxVolumeName);
+			return -1;
+		}
+		g_cfg.volume = value;
+	} else if (k == "lease") {
+		if (nbdkit_parse_unsigned("lease", value, &g_cfg.lease) < 0)
+			return -1;
+		if (g_cfg.lease > 7 * 86400) {
+			nbdkit_error("rdmaswap: lease=%s: seconds between 0 and 604800", value);
+			return -1;
+		}
 	} else if (k == "insecure") {
 		const int b = nbdkit_parse_bool(value);
 		if (b < 0)
@@ -270,6 +288,13 @@ int rdmaswap_config_complete()
 			     g_cfg.replicas, g_cfg.replicas);
 		return -1;
 	}
+	if (g_cfg.volume.empty()) {
+		char host[256] = {};
+		if (gethostname(host, sizeof host - 1) != 0)
+			std::strcpy(host, "localhost");
+		g_cfg.volume = default_volume_name(host, g_cfg.size, g_cfg.servers);
+	}
+	nbdkit_debug("rdmaswap: volume=%s lease=%u", g_cfg.volume.c_str(), g_cfg.lease);
 	return 0;
 }
 
@@ -357,6 +382,8 @@ int rdmaswap_after_fork()
 			o.timeout = g_cfg.timeout;
 			o.rdma = g_rdma.get();
 			o.auth_key = g_cfg.auth_key;
+			o.volume = g_cfg.volume;
+			o.lease_s = g_cfg.lease;
 			servers.push_back(std::make_unique<RemoteServer>(o));
 		}
 		VolumeOptions vo;
@@ -364,6 +391,7 @@ int rdmaswap_after_fork()
 		vo.channels = g_cfg.channels;
 		vo.timeout = g_cfg.timeout;
 		vo.replicas = g_cfg.replicas;
+		vo.missing_servers = unsigned(g_cfg.servers.size() - g_reachable.size());
 		g_volume = std::make_unique<Volume>(std::move(servers), vo);
 	} catch (const std::exception &e) {
 		nbdkit_error("rdmaswap: %s", e.what());
@@ -462,7 +490,11 @@ struct nbdkit_plugin make_plugin()
 			"timeout=SECONDS     bound on any network wait (default 10)\n"
 			"statusfile=PATH     write the volume's status there every second\n"
 			"auth-key=FILE       the cluster's shared key (required unless insecure)\n"
-			"insecure=true       memservers run with --insecure (no authentication)";
+			"insecure=true       memservers run with --insecure (no authentication)\n"
+			"volume=NAME         the volume's id on the memservers (default: derived\n"
+			"                    from host name, size and servers)\n"
+			"lease=SECONDS       keep the slabs this long after nbdkit exits, for a\n"
+			"                    restarted nbdkit to reattach (default 60; 0: free them)";
 	p.magic_config_key = "server";
 	p.dump_plugin = rdmaswap_dump_plugin;
 	p.get_ready = rdmaswap_get_ready;

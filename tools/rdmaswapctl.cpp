@@ -57,6 +57,42 @@ int give_back(const rdmaswap::Endpoint &ep, uint64_t size, std::chrono::millisec
 	return 0;
 }
 
+// Every session of the memserver (VOLUME_LIST sessions, page by page). 0 or errno.
+int list_sessions(rdmaswap::ControlClient &c, std::vector<rdmaswap::proto::SessionEntry> &out)
+{
+	using namespace rdmaswap;
+	for (;;) {
+		std::vector<proto::SessionEntry> page;
+		if (int err = c.sessions(out.size(), page))
+			return err;
+		out.insert(out.end(), page.begin(), page.end());
+		if (page.size() < proto::kMaxSessionEntries)
+			return 0;
+	}
+}
+
+// One line per session: session.N=ID volume=NAME|- peer=ADDR slabs=N state=live|detached
+// connections=N lease=S lease_left_ms=MS [rdma]
+void print_sessions(const std::vector<rdmaswap::proto::SessionEntry> &v)
+{
+	using namespace rdmaswap;
+	uint32_t detached = 0;
+	for (size_t i = 0; i < v.size(); i++) {
+		const auto &e = v[i];
+		const std::string vol(e.volume.data(), strnlen(e.volume.data(), e.volume.size()));
+		const std::string peer(e.peer.data(), strnlen(e.peer.data(), e.peer.size()));
+		const bool det = e.flags & proto::kSessionDetached;
+		detached += det;
+		std::printf("session.%zu=%016llx volume=%s peer=%s slabs=%u state=%s connections=%u "
+			    "lease=%u lease_left_ms=%llu%s\n",
+			    i, (unsigned long long)e.session, vol.empty() ? "-" : vol.c_str(),
+			    peer.empty() ? "-" : peer.c_str(), e.slabs, det ? "detached" : "live",
+			    e.connections, e.lease_s, (unsigned long long)e.lease_left_ms,
+			    e.flags & proto::kSessionRdma ? " rdma" : "");
+	}
+	std::printf("sessions_detached=%u\n", detached);
+}
+
 } // namespace
 
 int main(int argc, char **argv)
@@ -160,12 +196,15 @@ int main(int argc, char **argv)
 		std::printf("server=%s\n", ep.str().c_str());
 		proto::StatsReply s;
 		proto::GiveBackReply g;
+		std::vector<proto::SessionEntry> sessions;
 		int err;
 		try {
 			ControlClient c(resolve(ep), timeout, auth);
 			err = c.stats(s);
 			if (!err)
 				err = c.give_back_status(g);
+			if (!err)
+				err = list_sessions(c, sessions);
 		} catch (const std::exception &e) {
 			std::printf("error=%s\n\n", e.what());
 			rc = 1;
@@ -182,15 +221,17 @@ int main(int argc, char **argv)
 			    "pending_moves=%u\nsessions=%u\nconnections=%u\n"
 			    "tcp_read_ops=%llu\ntcp_read_bytes=%llu\n"
 			    "tcp_write_ops=%llu\ntcp_write_bytes=%llu\nrdma_qps=%u\n"
-			    "rdma_sessions=%u\n\n",
+			    "rdma_sessions=%u\n",
 			    (unsigned long long)s.capacity, (unsigned long long)s.slab_size,
-			    s.slabs_total, s.slabs_free, 
+			    s.slabs_total, s.slabs_free,
 			    s.slabs_total - std::min(s.slabs_total, s.slabs_free + g.slabs_withdrawn),
 			    g.slabs_withdrawn, (unsigned long long)(g.slabs_withdrawn * s.slab_size),
 			    g.slabs_wanted, s.sessions,
 			    s.connections, (unsigned long long)s.tcp_read_ops,
 			    (unsigned long long)s.tcp_read_bytes, (unsigned long long)s.tcp_write_ops,
 			    (unsigned long long)s.tcp_write_bytes, s.rdma_qps, s.rdma_sessions);
+		print_sessions(sessions);
+		std::printf("\n");
 	}
 	return rc;
 }

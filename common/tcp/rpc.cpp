@@ -2,6 +2,7 @@
 // Request/response over a blocking socket; the control connection.
 #include "common/tcp/rpc.h"
 
+#include <algorithm>
 #include <array>
 #include <cerrno>
 #include <cstring>
@@ -244,6 +245,90 @@ int ControlClient::stats(proto::StatsReply &out)
 		fd_.reset();
 		return EPROTO;
 	}
+	return 0;
+}
+
+int ControlClient::bind(const std::string &volume, uint32_t lease_s, proto::BindReply &out)
+{
+	if (!proto::valid_volume_name(volume))
+		return EINVAL;
+	std::lock_guard lock(mu_);
+	proto::BindRequest req;
+	std::copy(volume.begin(), volume.end(), req.name.begin());
+	req.lease_s = lease_s;
+	std::array<std::byte, proto::kBindRequestSize> body;
+	std::array<std::byte, proto::kBindReplySize> reply;
+	proto::encode(req, body);
+	if (int r = call(proto::Op::Bind, body, reply))
+		return r;
+	if (!proto::decode(reply, out).ok) {
+		fd_.reset();
+		return EPROTO;
+	}
+	return 0;
+}
+
+int ControlClient::alloc_tagged(uint64_t chunk, uint64_t epoch, proto::AllocReply &out)
+{
+	std::lock_guard lock(mu_);
+	std::array<std::byte, proto::kAllocTaggedRequestSize> body;
+	std::array<std::byte, proto::kAllocReplySize> reply;
+	proto::encode(proto::AllocTaggedRequest{chunk, epoch}, body);
+	if (int r = call(proto::Op::AllocTagged, body, reply))
+		return r;
+	if (!proto::decode(reply, out).ok) {
+		fd_.reset();
+		return EPROTO;
+	}
+	return 0;
+}
+
+int ControlClient::set_tag(uint32_t slab_id, uint64_t chunk, uint64_t epoch)
+{
+	std::lock_guard lock(mu_);
+	std::array<std::byte, proto::kSetTagRequestSize> body;
+	proto::encode(proto::SetTagRequest{slab_id, 0, chunk, epoch}, body);
+	return call(proto::Op::SetTag, body, {});
+}
+
+int ControlClient::volume_list(proto::ListWhat what, uint64_t start,
+			       std::vector<proto::VolumeEntry> &out)
+{
+	std::lock_guard lock(mu_);
+	if (list_buf_.size() < proto::kMaxIo)
+		list_buf_.resize(proto::kMaxIo);
+	std::array<std::byte, proto::kVolumeListRequestSize> body;
+	proto::encode(proto::VolumeListRequest{what, 0, start}, body);
+	size_t len = 0;
+	if (int r = call(proto::Op::VolumeList, body, list_buf_, &len))
+		return r;
+	out.resize(proto::kMaxVolumeEntries);
+	const long n = proto::decode_entries(std::span(list_buf_).first(len), std::span(out));
+	if (n < 0) {
+		fd_.reset();
+		return EPROTO;
+	}
+	out.resize(size_t(n));
+	return 0;
+}
+
+int ControlClient::sessions(uint64_t start, std::vector<proto::SessionEntry> &out)
+{
+	std::lock_guard lock(mu_);
+	if (list_buf_.size() < proto::kMaxIo)
+		list_buf_.resize(proto::kMaxIo);
+	std::array<std::byte, proto::kVolumeListRequestSize> body;
+	proto::encode(proto::VolumeListRequest{proto::ListWhat::Sessions, 0, start}, body);
+	size_t len = 0;
+	if (int r = call(proto::Op::VolumeList, body, list_buf_, &len))
+		return r;
+	out.resize(proto::kMaxSessionEntries);
+	const long n = proto::decode_entries(std::span(list_buf_).first(len), std::span(out));
+	if (n < 0) {
+		fd_.reset();
+		return EPROTO;
+	}
+	out.resize(size_t(n));
 	return 0;
 }
 

@@ -54,6 +54,14 @@ public:
 	long list(std::span<uint32_t> ids);
 	// STATS needs no session: usable right after construction.
 	int stats(proto::StatsReply &reply);
+	// Reattach (protocol.h): BIND, ALLOC_TAGGED, SET_TAG. 0 or errno.
+	int bind(const std::string &volume, uint32_t lease_s, proto::BindReply &reply);
+	int alloc_tagged(uint64_t chunk, uint64_t epoch, proto::AllocReply &reply);
+	int set_tag(uint32_t slab_id, uint64_t chunk, uint64_t epoch);
+	// One VOLUME_LIST page into `out` (resized to the entries). 0 or errno. Control path
+	// (allocates).
+	int volume_list(proto::ListWhat what, uint64_t start, std::vector<proto::VolumeEntry> &out);
+	int sessions(uint64_t start, std::vector<proto::SessionEntry> &out);
 	// Give-back (no session needed): withdraw `bytes` of the server's capacity, or only
 	// report how much is withdrawn and pending. 0 or errno.
 	int give_back(uint64_t bytes, proto::GiveBackReply &reply);

@@ -11,6 +11,7 @@
 # flight each. Every count must be 0; on failure the first allocations' backtraces are shown.
 # A control round then checks that the shim does count: a new NBD connection makes nbdkit
 # allocate, and rdmaswapctl status makes each memserver allocate.
+# The RDMA data path needs Soft-RoCE: tests/vm's alloc-rdma run uses this same shim there.
 set -euo pipefail
 source "$(dirname "$0")/../integration/functions.sh"
 requires nbdkit --version

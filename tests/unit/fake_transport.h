@@ -49,6 +49,11 @@ struct FakeBackend {
 	std::atomic<bool> lost{false};       // session lost: slabs gone, everything fails
 	std::atomic<bool> fail_open{false};  // open_data_path throws
 	std::atomic<int> alloc_delay_us{0};  // alloc_slab sleeps this long (widens races)
+	// Reattach: a server bound to a volume (tags and floors kept here, like a memserver's
+	// detached session); `reattach`: a FakeServer made now hands the slabs back.
+	std::atomic<bool> bound{false};
+	std::atomic<bool> reattach{false};
+	std::atomic<int> tag_error{0};       // set_tag / set_floor return this when non-zero
 	std::atomic<int> wanted_error{0};    // wanted_slabs returns this (a hung donor: EAGAIN)
 	std::atomic<uint64_t> wanted_polls{0};
 
@@ -60,6 +65,8 @@ struct FakeBackend {
 
 	mutable std::mutex mu;
 	std::map<uint32_t, std::vector<std::byte>> slabs; // id -> contents
+	std::map<uint32_t, std::pair<uint64_t, uint64_t>> tags; // id -> (chunk, epoch)
+	std::map<uint64_t, uint64_t> floors;                    // chunk -> epoch
 	uint32_t next_id = 1000;
 	std::set<uint32_t> wanted; // give-back: slabs this server wants back
 	std::vector<std::string> violations;
@@ -240,7 +247,11 @@ private:
 
 class FakeServer final : public Server {
 public:
-	explicit FakeServer(std::shared_ptr<FakeBackend> b) : b_(std::move(b)) {}
+	explicit FakeServer(std::shared_ptr<FakeBackend> b) : b_(std::move(b))
+	{
+		std::lock_guard lock(b_->mu);
+		reattached_ = b_->reattach.load() && !b_->slabs.empty();
+	}
 
 	const ServerInfo &info() const override { return b_->info; }
 	const std::string &name() const override { return b_->name; }
@@ -273,6 +284,7 @@ public:
 		if (int e = b_->free_error.load())
 			return e;
 		std::lock_guard lock(b_->mu);
+		b_->tags.erase(id);
 		b_->wanted.erase(id);
 		if (!b_->slabs.erase(id)) {
 			b_->violations.push_back(b_->name + ": free of slab " + std::to_string(id) +
@@ -312,8 +324,57 @@ public:
 	}
 	bool session_alive() const override { return !b_->lost.load(); }
 
+	bool bound() const override { return b_->bound.load(); }
+	bool reattached() const override { return reattached_; }
+	int alloc_tagged(uint64_t chunk, uint64_t epoch, SlabGrant &out) override
+	{
+		if (int e = alloc_slab(out))
+			return e;
+		std::lock_guard lock(b_->mu);
+		b_->tags[out.id] = {chunk, epoch};
+		return 0;
+	}
+	int set_tag(uint32_t id, uint64_t chunk, uint64_t epoch) override
+	{
+		if (b_->lost.load())
+			return EIO;
+		if (int e = b_->tag_error.load())
+			return e;
+		std::lock_guard lock(b_->mu);
+		if (!b_->slabs.count(id))
+			return EACCES;
+		b_->tags[id] = {chunk, epoch};
+		return 0;
+	}
+	int set_floor(uint64_t chunk, uint64_t epoch) override
+	{
+		if (b_->lost.load())
+			return EIO;
+		if (int e = b_->tag_error.load())
+			return e;
+		std::lock_guard lock(b_->mu);
+		b_->floors[chunk] = epoch;
+		return 0;
+	}
+	int list_volume(std::vector<proto::VolumeEntry> &slabs,
+			std::vector<proto::VolumeEntry> &floors) override
+	{
+		std::lock_guard lock(b_->mu);
+		slabs.clear();
+		floors.clear();
+		for (const auto &[id, data] : b_->slabs) {
+			const auto t = b_->tags.count(id) ? b_->tags[id] : std::pair<uint64_t, uint64_t>{};
+			slabs.push_back({id, FakeBackend::rkey_of(id), FakeBackend::addr_of(id), t.first,
+					 t.second});
+		}
+		for (const auto &[chunk, epoch] : b_->floors)
+			floors.push_back({proto::kNoSlab, 0, 0, chunk, epoch});
+		return 0;
+	}
+
 private:
 	std::shared_ptr<FakeBackend> b_;
+	bool reattached_ = false;
 };
 
 } // namespace rdmaswap::test

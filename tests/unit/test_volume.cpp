@@ -947,6 +947,124 @@ TEST_CASE("volume: a server reporting slab size 0 is rejected with an exception"
 }
 
 namespace {
+// Three fake donors bound to a volume (tags, epochs, floors), for the reattach tests.
+std::vector<std::shared_ptr<FakeBackend>> bound_backends()
+{
+	quiet();
+	std::vector<std::shared_ptr<FakeBackend>> bs{backend("a", 64), backend("b", 64), backend("c", 64)};
+	for (auto &b : bs)
+		b->bound = true;
+	return bs;
+}
+
+// Make every transfer and control call of `b` fail with `err` (0: work again).
+void fail_everything(FakeBackend &b, int err)
+{
+	b.complete_error = err;
+	b.post_error = err;
+	b.free_error = err;
+	b.tag_error = err;
+}
+
+VolumeOptions reattach_opts(uint64_t size, std::chrono::milliseconds repair_interval)
+{
+	auto o = opts(size);
+	o.replicas = 2;
+	o.repair_interval = repair_interval;
+	return o;
+}
+} // namespace
+
+TEST_CASE("volume: a restart never reads a replica that missed writes (epochs)", "[volume][reattach]")
+{
+	const auto bs = bound_backends();
+	const auto o = reattach_opts(8 * SS, std::chrono::milliseconds(20));
+	Bytes shadow(8 * SS);
+	{
+		auto v = make_volume(bs, o);
+		REQUIRE(write_shadow(*v, shadow, pattern(8 * SS, 1), 0) == 0);
+		// Donor b fails every transfer: the rewrite goes to the other replicas only, so
+		// b's replicas miss it, but b keeps them (it never hears a FREE: like a hung donor).
+		fail_everything(*bs[1], EIO);
+		REQUIRE(write_shadow(*v, shadow, pattern(8 * SS, 2), 0) == 0);
+		CHECK(v->stats().epoch_raises > 0);
+		CHECK(compare_all(*v, shadow) == -1);
+		// The plugin dies here (the Volume goes; the backends keep every slab and tag).
+	}
+	fail_everything(*bs[1], 0);
+	size_t stale_on_b = 0;
+	{
+		std::lock_guard lock(bs[1]->mu);
+		stale_on_b = bs[1]->slabs.size();
+	}
+	REQUIRE(stale_on_b > 0); // the hung donor still holds replicas of the first pattern
+	for (auto &b : bs)
+		b->reattach = true;
+	auto v2 = make_volume(bs, o);
+	const VolumeStats st = v2->stats();
+	CHECK(st.reattached == 8);
+	CHECK(st.reattach_stale == stale_on_b);
+	CHECK(st.lost == 0);
+	CHECK(compare_all(*v2, shadow) == -1); // the second pattern, never the first
+	check_no_violations(bs);
+}
+
+TEST_CASE("volume: a restart that finds only a replica older than its floor reads EIO",
+	  "[volume][reattach]")
+{
+	const auto bs = bound_backends();
+	// No repair: keep the degraded state.
+	const auto o = reattach_opts(4 * SS, std::chrono::hours(1));
+	Bytes shadow(4 * SS);
+	{
+		auto v = make_volume(bs, o);
+		REQUIRE(write_shadow(*v, shadow, pattern(4 * SS, 3), 0) == 0);
+		fail_everything(*bs[1], EIO);
+		REQUIRE(write_shadow(*v, shadow, pattern(4 * SS, 4), 0) == 0);
+	}
+	fail_everything(*bs[1], 0);
+	// Double fault: every newest replica of a chunk b also held is lost (its donor's
+	// memory went), and b's stale replica survives. The third donor recorded the floor: such
+	// chunks must read EIO, never b's stale bytes.
+	std::set<uint64_t> on_b;
+	{
+		std::lock_guard lock(bs[1]->mu);
+		for (auto &[id, t] : bs[1]->tags)
+			on_b.insert(t.first);
+	}
+	REQUIRE(!on_b.empty());
+	for (size_t k : {size_t(0), size_t(2)}) {
+		std::lock_guard lock(bs[k]->mu);
+		for (auto it = bs[k]->tags.begin(); it != bs[k]->tags.end();) {
+			if (on_b.count(it->second.first)) {
+				bs[k]->slabs.erase(it->first);
+				it = bs[k]->tags.erase(it);
+			} else {
+				++it;
+			}
+		}
+	}
+	for (auto &b : bs)
+		b->reattach = true;
+	auto v2 = make_volume(bs, o);
+	uint64_t eio = 0, good = 0;
+	for (uint64_t c = 0; c < 4; c++) {
+		Bytes buf(SS);
+		const int e = v2->pread(buf.data(), uint32_t(SS), c * SS);
+		if (e == 0) {
+			CHECK(std::memcmp(buf.data(), shadow.data() + c * SS, SS) == 0); // never stale
+			good++;
+		} else {
+			CHECK(e == EIO);
+			eio++;
+		}
+	}
+	CHECK(eio == on_b.size());
+	CHECK(good == 4 - on_b.size());
+	CHECK(v2->stats().lost == on_b.size());
+}
+
+namespace {
 // Wait (bounded) until `cond` holds; the repair thread runs every few milliseconds.
 template <typename F> bool eventually(F cond, std::chrono::milliseconds limit = std::chrono::seconds(20))
 {

@@ -45,8 +45,22 @@ KILL_WAIT=60           # kill mode: seconds a dd may take to fail
 RDMA_TESTS_TIMEOUT=300 # seconds allowed for rdmaswap-rdma-tests
 KILL_MIB=8             # kill mode: MiB written before the memserver is killed
 KILL_TRANSPORT=rdma    # kill mode: transport of the memserver and the plugin
+REP_SERVERS=3          # repkill runs: memservers (ports PORT, PORT+1, ...)
+REP_REPLICAS=2         # repkill runs: the plugin's replicas=
+REP_CAPACITY=256M      # repkill runs: each memserver's --capacity
+REP_SLAB=16M           # repkill runs: each memserver's --slab-size
+REP_SIZE=256M          # repkill runs: the plugin's size=
+REP_KILL_AT=""         # repkill runs: pswpout pages before the kill (default MIB*64: 1/4 of it)
+REP_WAIT=120           # repkill runs: seconds allowed to get back to full redundancy
+STATUSFILE=/run/rdmaswap.status  # repkill runs: the plugin's statusfile=
+ALLOC_REQUESTS=100000  # alloc runs: requests counted in steady state
+ALLOC_WAIT=600         # alloc runs: seconds allowed for nbddrive
+ALLOC_LIB=/usr/local/lib/librdmaswap-alloc-counter.so
+MS_WRAP=""             # command words before rdmaswap-memserver (alloc runs: env LD_PRELOAD=...)
+NBDKIT_WRAP=""         # command words before nbdkit (alloc runs)
 [ -r /etc/rdmaswap-vm.conf ] && . /etc/rdmaswap-vm.conf
 [ -n "$MIN_PSWPOUT" ] || MIN_PSWPOUT=$((MIB * 200))
+[ -n "$REP_KILL_AT" ] || REP_KILL_AT=$((MIB * 64))
 [ -n "$NBD_SIZE" ] || NBD_SIZE=$CAPACITY
 [ -n "$RUNS" ] || RUNS=$MODE
 # cryptsetup's libdevmapper: no udev in this VM, it makes the /dev/mapper nodes itself
@@ -103,6 +117,11 @@ file_tail() {   # file_tail FILE N LABEL
 
 diagnostics() {
     file_tail /run/memserver.log 40 "memserver log"
+    for _f in /run/memserver-*.log; do
+        [ -e "$_f" ] && file_tail "$_f" 20 "memserver log"
+    done
+    file_tail "$STATUSFILE" 30 "plugin statusfile"
+    file_tail /run/nbddrive.out 20 "nbddrive output"
     if [ -s /run/nbdkit.log ]; then
         echo "----- nbdkit log (first 20 lines of /run/nbdkit.log) -----"
         head -n 20 /run/nbdkit.log
@@ -373,7 +392,8 @@ ms_ready() { alive "$MS_PID" && ctl_ok; }
 # start_memserver TRANSPORT
 start_memserver() {
     say "starting rdmaswap-memserver --transport $1 --capacity $CAPACITY --slab-size $SLAB"
-    rdmaswap-memserver --listen "$ADDR" --port "$PORT" --capacity "$CAPACITY" \
+    # shellcheck disable=SC2086
+    $MS_WRAP rdmaswap-memserver --listen "$ADDR" --port "$PORT" --capacity "$CAPACITY" \
         --slab-size "$SLAB" --transport "$1" --auth-key "$AUTH_KEY" > "$MS_LOG" 2>&1 &
     MS_PID=$!
     echo -1000 > "/proc/$MS_PID/oom_score_adj" 2>/dev/null
@@ -418,7 +438,7 @@ start_nbdkit() {
     # Smaller thread stacks: --swap locks every thread's whole stack.
     # shellcheck disable=SC3045  # busybox ash has ulimit -s
     # shellcheck disable=SC2086
-    (ulimit -s 1024; exec nbdkit --swap -f --log=stderr -P "$NBDKIT_PIDFILE" -U "$SOCK" $_filters "$@" $_fargs) \
+    (ulimit -s 1024; exec $NBDKIT_WRAP nbdkit --swap -f --log=stderr -P "$NBDKIT_PIDFILE" -U "$SOCK" $_filters "$@" $_fargs) \
         >> "$NBDKIT_LOG" 2>&1 &
     NBDKIT_PID=$!
     echo -1000 > "/proc/$NBDKIT_PID/oom_score_adj" 2>/dev/null
@@ -688,6 +708,10 @@ check_server_stats() {   # check_server_stats tcp|rdma
 # cgroup, or (pressure-) on the whole VM; the swap device /dev/nbd0, or (crypt-) dm-crypt over it.
 # Sets up, swaps, checks, tears down.  Appends a line to /run/bench.txt.
 one_swap_run() {
+    case "$1" in
+        repkill-*) repkill_run "${1#repkill-}"; return ;;
+        alloc-*) alloc_run "${1#alloc-}"; return ;;
+    esac
     _run=$1
     _kind=cgroup
     _crypt=plain
@@ -763,6 +787,252 @@ kill_test() {
     stop_nbdkit
     check_dmesg allow-io-errors
     say "[kill] PASS"
+}
+
+# ---------------------------------------------------------------------------------------------
+# repkill-T (issue 4): replicated swap over T with a donor killed mid-run.  REP_SERVERS memservers
+# on one address and consecutive ports, the plugin with every one as server=, replicas=REP_REPLICAS
+# and statusfile=; the cgroup workload swaps, and once pswpout has grown by REP_KILL_AT pages while
+# swapload still runs, the memserver holding the most slabs gets SIGKILL.  Then every page must
+# verify, the kernel log must show no I/O error and no hung task, and the plugin's status must get
+# back to full redundancy (degraded=0 lost=0 repaired>0) within REP_WAIT s; over RDMA the survivors
+# must have served no TCP data operation (one-sided data path and repair).
+
+ctl_port() { rdmaswapctl status "server=$ADDR:$1" "auth-key=$AUTH_KEY" > "/run/ctl-$1.out" 2>&1; }
+ctl_port_value() { sed -n "s/^$2=//p" "/run/ctl-$1.out" | head -n 1; }
+status_value() { sed -n "s/^$1=//p" "$STATUSFILE" 2>/dev/null | head -n 1; }
+rep_pid() { eval "echo \${REP_PID$1:-}"; }
+rep_port() { echo $((PORT + $1 - 1)); }
+rep_ready() { alive "$(rep_pid "$1")" && ctl_port "$(rep_port "$1")"; }
+full_redundancy() {
+    [ "$(status_value degraded)" = 0 ] && [ "$(status_value lost)" = 0 ] \
+        && [ "$(status_value repaired)" -gt 0 ] 2>/dev/null
+}
+# the kill condition: pswpout grew by REP_KILL_AT pages (or the workload ended: checked after)
+rep_swapping() { [ $(($(vmstat pswpout) - _out0)) -ge "$REP_KILL_AT" ] || ! alive "$_wpid"; }
+
+repkill_run() {   # repkill_run tcp|rdma
+    _t=$1
+    CUR=repkill-$_t
+    _r0=$(uptime_s)
+    say "===== $CUR: swap over $REP_SERVERS memservers ($_t), replicas=$REP_REPLICAS, one killed mid-run ====="
+    : > /run/nbdkit.log
+    _servers=""
+    _i=1
+    while [ "$_i" -le "$REP_SERVERS" ]; do
+        _p=$(rep_port "$_i")
+        rdmaswap-memserver --listen "$ADDR" --port "$_p" --capacity "$REP_CAPACITY" \
+            --slab-size "$REP_SLAB" --transport "$_t" --auth-key "$AUTH_KEY" \
+            > "/run/memserver-$_i.log" 2>&1 &
+        eval "REP_PID$_i=$!"
+        echo -1000 > "/proc/$!/oom_score_adj" 2>/dev/null
+        _servers="$_servers server=$ADDR:$_p"
+        _i=$((_i + 1))
+    done
+    _t0=$(uptime_s)
+    _i=1
+    while [ "$_i" -le "$REP_SERVERS" ]; do
+        wait_until "$SERVER_WAIT" rep_ready "$_i" \
+            || { file_tail "/run/memserver-$_i.log" 20 "memserver $_i log"; fail "[$CUR] memserver $_i (port $(rep_port "$_i")) not ready within $SERVER_WAIT s"; }
+        _i=$((_i + 1))
+    done
+    say "[$CUR] $REP_SERVERS memservers ready after $(elapsed "$_t0" "$(uptime_s)") s"
+    rm -f "$STATUSFILE"
+    # shellcheck disable=SC2086
+    start_nbdkit rdmaswap $_servers "size=$REP_SIZE" "transport=$_t" "replicas=$REP_REPLICAS" \
+        "statusfile=$STATUSFILE" "auth-key=$AUTH_KEY" $PLUGIN_ARGS
+    swap_on plain
+
+    echo +memory > /sys/fs/cgroup/cgroup.subtree_control 2>/dev/null
+    [ -d "$CG" ] || mkdir "$CG" || fail "cannot create cgroup $CG"
+    echo "$CG_MAX" > "$CG/memory.max" || fail "cannot set $CG/memory.max (memory controller?)"
+    _out0=$(vmstat pswpout)
+    _in0=$(vmstat pswpin)
+    say "[$CUR] swapload --mib $MIB --passes $PASSES in a cgroup with memory.max=$CG_MAX;" \
+        "kill after pswpout +$REP_KILL_AT"
+    _t0=$(uptime_s)
+    in_cgroup_swapload > /run/swapload.out 2>&1 &
+    _wpid=$!
+    wait_until "$WORK_TIMEOUT" rep_swapping
+    alive "$_wpid" || { cat /run/swapload.out; fail "[$CUR] swapload ended before the kill (pswpout +$(($(vmstat pswpout) - _out0))): the kill would not land mid-run"; }
+    rep_swapping || { kill -9 "$_wpid"; fail "[$CUR] pswpout did not grow by $REP_KILL_AT pages within $WORK_TIMEOUT s"; }
+    # the victim: the memserver that holds the most slabs now
+    _victim=0
+    _most=0
+    _i=1
+    while [ "$_i" -le "$REP_SERVERS" ]; do
+        ctl_port "$(rep_port "$_i")" || fail "[$CUR] rdmaswapctl status of memserver $_i failed before the kill"
+        _u=$(ctl_port_value "$(rep_port "$_i")" slabs_used)
+        if [ "${_u:-0}" -gt "$_most" ]; then _most=$_u; _victim=$_i; fi
+        _i=$((_i + 1))
+    done
+    [ "$_victim" -gt 0 ] || fail "[$CUR] no memserver holds a slab after pswpout +$REP_KILL_AT"
+    _kout=$(($(vmstat pswpout) - _out0))
+    _kin=$(($(vmstat pswpin) - _in0))
+    _vpid=$(rep_pid "$_victim")
+    say "[$CUR] $(elapsed "$_t0" "$(uptime_s)") s into swapload (pswpout +$_kout pswpin +$_kin):" \
+        "kill -9 memserver $_victim (port $(rep_port "$_victim"), pid $_vpid, $_most slabs);" \
+        "plugin: slabs_live=$(status_value slabs_live) degraded=$(status_value degraded)"
+    kill -9 "$_vpid"
+    wait "$_vpid" 2>/dev/null
+    eval "REP_PID$_victim="
+    alive "$_wpid" || fail "[$CUR] swapload was no longer running when the memserver died"
+
+    wait_until "$WORK_TIMEOUT" eval '! alive $_wpid' \
+        || { kill -9 "$_wpid"; fail "[$CUR] swapload did not finish within $WORK_TIMEOUT s of the kill (hang?)"; }
+    wait "$_wpid"
+    _rc=$?
+    W_SECS=$(elapsed "$_t0" "$(uptime_s)")
+    W_OUT=$(($(vmstat pswpout) - _out0))
+    W_IN=$(($(vmstat pswpin) - _in0))
+    W_MIB=$MIB
+    cat /run/swapload.out
+    say "[$CUR] swapload exit $_rc in $W_SECS s: pswpout +$W_OUT pswpin +$W_IN pages" \
+        "(after the kill: +$((W_OUT - _kout)) +$((W_IN - _kin)))"
+    grep -q '^swapload: OK pages=' /run/swapload.out \
+        || fail "[$CUR] $(grep -m1 'MISMATCH' /run/swapload.out || echo "swapload exit $_rc, no OK line") after the kill"
+    [ "$_rc" = 0 ] || fail "[$CUR] swapload exit status $_rc"
+    [ "$W_OUT" -ge "$MIN_PSWPOUT" ] || fail "[$CUR] pswpout grew by $W_OUT pages, expected >= $MIN_PSWPOUT"
+    [ $((W_IN - _kin)) -gt 0 ] || fail "[$CUR] nothing was swapped in after the kill"
+    alive "$NBDKIT_PID" || fail "[$CUR] nbdkit died"
+    rmdir "$CG" 2>/dev/null
+    check_dmesg
+
+    _t1=$(uptime_s)
+    wait_until "$REP_WAIT" full_redundancy \
+        || { sed "s/^/[$CUR] plugin status: /" "$STATUSFILE"; fail "[$CUR] not back to full redundancy within $REP_WAIT s: degraded=$(status_value degraded) lost=$(status_value lost) repaired=$(status_value repaired)"; }
+    sed "s/^/[$CUR] plugin status: /" "$STATUSFILE"
+    say "[$CUR] full redundancy $(elapsed "$_t1" "$(uptime_s)") s after the workload:" \
+        "repaired=$(status_value repaired) repair_bytes=$(status_value repair_bytes)" \
+        "server_failures=$(status_value server_failures)"
+    [ "$(status_value server_failures)" -gt 0 ] 2>/dev/null \
+        || fail "[$CUR] the plugin counted no donor failure after the kill"
+    _i=1
+    while [ "$_i" -le "$REP_SERVERS" ]; do
+        if [ "$_i" != "$_victim" ]; then
+            _p=$(rep_port "$_i")
+            ctl_port "$_p" || fail "[$CUR] rdmaswapctl status of memserver $_i failed after the workload"
+            say "[$CUR] memserver $_i: $(grep -E '^(slabs_used|tcp_(read|write)_(ops|bytes)|rdma_qps)=' "/run/ctl-$_p.out" | tr '\n' ' ')"
+            if [ "$_t" = rdma ]; then
+                for _k in tcp_read_ops tcp_write_ops tcp_read_bytes tcp_write_bytes; do
+                    [ "$(ctl_port_value "$_p" "$_k")" = 0 ] \
+                        || fail "[$CUR] memserver $_i: $_k=$(ctl_port_value "$_p" "$_k") (expected 0: one-sided RDMA)"
+                done
+            fi
+        fi
+        _i=$((_i + 1))
+    done
+    swap_off
+    stop_nbdkit
+    _i=1
+    while [ "$_i" -le "$REP_SERVERS" ]; do
+        MS_PID=$(rep_pid "$_i")
+        stop_memserver
+        eval "REP_PID$_i="
+        _i=$((_i + 1))
+    done
+    check_dmesg
+    echo "$CUR $W_SECS $W_OUT $W_IN $W_MIB" >> /run/bench.txt
+    say "[$CUR] PASS: swapload $W_SECS s (whole run $(elapsed "$_r0" "$(uptime_s)") s)," \
+        "pswpout +$W_OUT, pswpin +$W_IN, killed memserver $_victim mid-run"
+}
+
+# ---------------------------------------------------------------------------------------------
+# alloc-T (issue 5): tests/alloc's allocation counter (LD_PRELOAD) in nbdkit with the plugin and in
+# the memserver, the data path over T.  nbddrive writes the whole 64 MiB device, warms up, then
+# counts over ALLOC_REQUESTS mixed 4/32/128 KiB reads and writes (4 connections, 16 in flight each);
+# every count must be 0.  Control: a new NBD connection must make nbdkit allocate and rdmaswapctl
+# status the memserver, or the counter is blind.
+
+alloc_env() {   # alloc_env KEY PROGRAM: the command words that run PROGRAM under the counter
+    mkfifo "/run/alloc-$1.ctl" || fail "mkfifo /run/alloc-$1.ctl"
+    echo "env LD_PRELOAD=$ALLOC_LIB ALLOC_COUNTER_COMM=$2 ALLOC_COUNTER_CTL=/run/alloc-$1.ctl ALLOC_COUNTER_OUT=/run/alloc-$1.count ALLOC_COUNTER_TRACE=/run/alloc-$1.trace"
+}
+alloc_count() { sed -n 's/^allocs=\([0-9]*\) .*/\1/p' "/run/alloc-$1.count"; }
+alloc_answered() { grep -q "^$2" "/run/alloc-$1.count" 2>/dev/null; }
+alloc_counting() {   # alloc_counting 0|1: every counter, and wait for its answer
+    _want=counting
+    [ "$1" = 0 ] && _want=allocs=
+    for _k in ms nbdkit; do printf '%s' "$1" > "/run/alloc-$_k.ctl"; done
+    for _k in ms nbdkit; do
+        wait_until 10 alloc_answered "$_k" "$_want" || fail "[$CUR] $_k did not answer '$1' within 10 s"
+    done
+}
+
+alloc_run() {   # alloc_run tcp|rdma
+    _t=$1
+    CUR=alloc-$_t
+    _r0=$(uptime_s)
+    say "===== $CUR: heap allocations on the data path over $_t ($ALLOC_REQUESTS requests) ====="
+    rm -f /run/alloc-*
+    MS_WRAP=$(alloc_env ms rdmaswap-memserver)
+    NBDKIT_WRAP=$(alloc_env nbdkit nbdkit)
+    _cap=$CAPACITY
+    _slab=$SLAB
+    # 1 MiB slabs, as in tests/alloc: 128 KiB requests cross slab boundaries too
+    CAPACITY=64M
+    SLAB=1M
+    : > /run/nbdkit.log
+    start_memserver "$_t"
+    # shellcheck disable=SC2086
+    start_nbdkit rdmaswap "server=$ADDR:$PORT" size=64M "transport=$_t" "auth-key=$AUTH_KEY" \
+        $PLUGIN_ARGS
+    CAPACITY=$_cap
+    SLAB=$_slab
+    MS_WRAP=""
+    NBDKIT_WRAP=""
+    for _p in "$MS_PID" "$NBDKIT_PID"; do
+        grep -q librdmaswap-alloc-counter "/proc/$_p/maps" \
+            || fail "[$CUR] the allocation counter is not loaded in pid $_p"
+    done
+    ctl_ok || fail "[$CUR] rdmaswapctl status failed"
+    _ops0=$(($(ctl_value tcp_read_ops) + $(ctl_value tcp_write_ops)))
+    _t0=$(uptime_s)
+    : > /run/nbddrive.out
+    tail -f /run/nbddrive.out &   # its progress lines on the console
+    _tail=$!
+    run_bounded "$ALLOC_WAIT" /run/nbddrive.out nbddrive --socket "$SOCK" --requests "$ALLOC_REQUESTS" \
+        --warmup 1000 --ctl /run/alloc-ms.ctl:/run/alloc-ms.count,/run/alloc-nbdkit.ctl:/run/alloc-nbdkit.count
+    _rc=$?
+    sleep 1
+    kill "$_tail" 2>/dev/null
+    wait "$_tail" 2>/dev/null
+    say "[$CUR] nbddrive exit $_rc after $(elapsed "$_t0" "$(uptime_s)") s"
+    [ "$_rc" = 124 ] && fail "[$CUR] nbddrive did not finish within $ALLOC_WAIT s"
+    [ "$_rc" = 0 ] || fail "[$CUR] nbddrive failed (exit $_rc)"
+    alive "$NBDKIT_PID" && alive "$MS_PID" || fail "[$CUR] nbdkit or the memserver died"
+    _bad=""
+    for _k in ms nbdkit; do
+        say "[$CUR] $_k: $(cat "/run/alloc-$_k.count") over $ALLOC_REQUESTS requests"
+        if [ "$(alloc_count "$_k")" != 0 ]; then
+            file_tail "/run/alloc-$_k.trace" 200 "$_k: backtraces of the first allocations"
+            _bad="$_bad $_k:$(alloc_count "$_k")"
+        fi
+    done
+    [ -z "$_bad" ] || fail "[$CUR] heap allocations in steady state:$_bad"
+    ctl_ok || fail "[$CUR] rdmaswapctl status failed"
+    sed "s/^/[$CUR] status: /" /run/ctl.out
+    _ops=$(($(ctl_value tcp_read_ops) + $(ctl_value tcp_write_ops) - _ops0))
+    case "$_t" in
+        rdma) [ "$_ops" = 0 ] || fail "[$CUR] the memserver served $_ops TCP data operations (expected 0: one-sided RDMA)" ;;
+        tcp) [ "$_ops" -ge "$ALLOC_REQUESTS" ] || fail "[$CUR] the memserver served $_ops TCP data operations, expected >= $ALLOC_REQUESTS" ;;
+    esac
+    # control: the counter sees allocations where there must be some
+    alloc_counting 1
+    run_bounded 30 /run/nbddrive-hs.out nbddrive --socket "$SOCK" --handshake-only \
+        || { cat /run/nbddrive-hs.out; fail "[$CUR] control: a new NBD connection failed"; }
+    ctl_ok || fail "[$CUR] control: rdmaswapctl status failed"
+    alloc_counting 0
+    for _k in ms nbdkit; do
+        [ "$(alloc_count "$_k")" -gt 0 ] 2>/dev/null \
+            || fail "[$CUR] control: $_k counted no allocation for a new connection: the counter is blind"
+        say "[$CUR] control: $_k counted $(alloc_count "$_k") allocations for a new connection"
+    done
+    stop_nbdkit
+    stop_memserver
+    check_dmesg
+    say "[$CUR] PASS: 0 allocations over $ALLOC_REQUESTS requests" \
+        "($(sed -n 's/^nbddrive: OK //p' /run/nbddrive.out)); whole run $(elapsed "$_r0" "$(uptime_s)") s"
 }
 
 print_bench() {
@@ -903,6 +1173,10 @@ case "$MODE" in
         ;;
     kill)
         [ "$KILL_TRANSPORT" = rdma ] && rdma_sanity
+        # --extra-runs first: kill_test leaves I/O errors in the kernel log on purpose
+        for _m in $RUNS; do
+            [ "$_m" = kill ] || one_swap_run "$_m"
+        done
         kill_test
         ;;
     twohost)

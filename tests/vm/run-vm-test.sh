@@ -27,7 +27,17 @@ usage: run-vm-test.sh [--mode rdma|tcp|memory|kill|pressure|twohost] [--bench] [
                     the slab-grant deadlock under whole-VM pressure (see README)
   --plugin-args S   extra rdmaswap plugin parameters, e.g. "timeout=2"
   --runs L          one boot, these swap runs in order (comma-separated), then a table; a run
-                    is [pressure-][crypt-]rdma|tcp|memory, e.g. pressure-rdma,pressure-tcp,crypt-rdma
+                    is [pressure-][crypt-]rdma|tcp|memory, e.g. pressure-rdma,pressure-tcp,crypt-rdma,
+                    or repkill-rdma|tcp, or alloc-rdma|tcp (below)
+  --extra-runs L    runs added to the boot of --mode rdma|tcp|memory (after its own run) or
+                    --mode kill (before the kill), same names as --runs
+                    repkill-T: 3 memservers, plugin replicas=2 over T, cgroup swap, one memserver
+                    that holds slabs killed (-9) mid-run: every page verified, no I/O error,
+                    the volume back to full redundancy (issue 4)
+                    alloc-T: nbdkit + plugin (and the memserver) under tests/alloc's allocation
+                    counter, nbddrive's requests over T, 0 allocations required (issue 5)
+  --replicas N      repkill runs: the plugin's replicas= (default 2; 1 must make them FAIL)
+  --alloc-requests N  alloc runs: requests counted in steady state (default 100000)
   --bench           one boot, the swap workload over rdma, tcp and memory; prints a table
   --bench-modes L   comma-separated subset/order for --bench (default rdma,tcp,memory)
   --mib N           swapload working set in MiB of the cgroup runs (default 256; twohost 24)
@@ -68,6 +78,9 @@ CRYPT=0
 PREFILL=0
 PLUGIN_ARGS=""
 RUNS=""
+EXTRA_RUNS=""
+REPLICAS=2
+ALLOC_REQUESTS=100000
 MIB=""
 CG_MAX=""
 PRESSURE_EXTRA=256
@@ -105,6 +118,9 @@ while [ $# -gt 0 ]; do
         --prefill) PREFILL=1 ;;
         --plugin-args) PLUGIN_ARGS=${2?}; shift ;;
         --runs) RUNS=${2:?}; MODE=runs; shift ;;
+        --extra-runs) EXTRA_RUNS=${2:?}; shift ;;
+        --replicas) REPLICAS=${2:?}; shift ;;
+        --alloc-requests) ALLOC_REQUESTS=${2:?}; shift ;;
         --mib) MIB=${2:?}; shift ;;
         --cg-max) CG_MAX=${2:?}; shift ;;
         --pressure-extra) PRESSURE_EXTRA=${2:?}; shift ;;
@@ -156,13 +172,23 @@ else
         kill|twohost) RUNS="" ;;
     esac
 fi
+if [ -n "$EXTRA_RUNS" ]; then
+    case "$MODE" in
+        rdma|tcp|memory|kill) RUNS+=" ${EXTRA_RUNS//,/ }" ;;
+        *) die "--extra-runs needs --mode rdma, tcp, memory or kill (or name the runs in --runs)" ;;
+    esac
+fi
 RUNS=$(xargs <<< "$RUNS")   # trim
-has_pressure=0 has_cgroup=0 has_crypt=0 run_transports=""
+has_pressure=0 has_cgroup=0 has_crypt=0 has_alloc=0 run_transports=""
 for r in $RUNS; do
     t=$r
+    case "$t" in
+        repkill-rdma|repkill-tcp) has_cgroup=1; run_transports+=" ${t#repkill-}"; continue ;;
+        alloc-rdma|alloc-tcp) has_alloc=1; run_transports+=" ${t#alloc-}"; continue ;;
+    esac
     case "$t" in pressure-*) has_pressure=1; t=${t#pressure-} ;; *) has_cgroup=1 ;; esac
     case "$t" in crypt-*) has_crypt=1; t=${t#crypt-} ;; esac
-    case "$t" in rdma|tcp|memory) run_transports+=" $t" ;; *) die "unknown swap run '$r' (want [pressure-][crypt-]rdma|tcp|memory)" ;; esac
+    case "$t" in rdma|tcp|memory) run_transports+=" $t" ;; *) die "unknown swap run '$r' (want [pressure-][crypt-]rdma|tcp|memory, repkill-rdma|tcp or alloc-rdma|tcp)" ;; esac
 done
 [ "$MODE" != twohost ] || has_cgroup=1
 case "$MODE" in kill|twohost) ;; *) [ -n "$RUNS" ] || die "no swap runs given" ;; esac
@@ -183,7 +209,7 @@ if [ -z "$TIMEOUT" ]; then
     fi
 fi
 is_uint "$SYSRQ_BEFORE" || die "--sysrq-before needs an integer"
-for v in MIB PASSES CONNS TIMEOUT MEM SMP PRESSURE_EXTRA; do
+for v in MIB PASSES CONNS TIMEOUT MEM SMP PRESSURE_EXTRA REPLICAS ALLOC_REQUESTS; do
     is_uint "${!v}" && [ "${!v}" -gt 0 ] || die "--${v,,} needs a positive integer"
 done
 [[ "$CG_MAX" =~ ^[0-9]+M$ ]] || die "--cg-max needs a size in MiB like 64M"
@@ -252,6 +278,8 @@ RDMASWAP_BUILD=$(cd "$RDMASWAP_BUILD" && pwd)
 
 B_SWAPLOAD=$RDMASWAP_BUILD/tests/vm/swapload
 B_MEMSCAN=$RDMASWAP_BUILD/tests/vm/memscan
+B_NBDDRIVE=$RDMASWAP_BUILD/tests/vm/nbddrive
+B_ALLOC_COUNTER=$RDMASWAP_BUILD/tests/alloc/librdmaswap-alloc-counter.so
 B_MEMSERVER=$RDMASWAP_BUILD/memserver/rdmaswap-memserver
 B_PLUGIN=$RDMASWAP_BUILD/nbdkit-plugin/nbdkit-rdmaswap-plugin.so
 B_CTL=$RDMASWAP_BUILD/tools/rdmaswapctl
@@ -261,7 +289,11 @@ B_RDMA_TESTS=$RDMASWAP_BUILD/tests/rdma/rdmaswap-rdma-tests
 need_swapload=0 need_rdmaswap=0 need_rdma=0 want_rdma_tests=0
 need_crypt=$has_crypt need_memscan=0
 case "$MODE" in
-    kill) need_rdmaswap=1; [ "$KILL_TRANSPORT" = tcp ] || need_rdma=1 ;;
+    kill)
+        need_rdmaswap=1; [ "$KILL_TRANSPORT" = tcp ] || need_rdma=1
+        [ -z "$RUNS" ] || need_swapload=1
+        for t in $run_transports; do [ "$t" != rdma ] || need_rdma=1; done
+        ;;
     twohost) need_swapload=1; need_rdmaswap=1; need_rdma=1; need_memscan=1 ;;
     *)
         need_swapload=1
@@ -278,6 +310,10 @@ esac
 missing=()
 [ "$need_swapload" = 0 ] || [ -x "$B_SWAPLOAD" ] || missing+=("$B_SWAPLOAD")
 [ "$need_memscan" = 0 ] || [ -x "$B_MEMSCAN" ] || missing+=("$B_MEMSCAN")
+if [ "$has_alloc" = 1 ]; then
+    [ -x "$B_NBDDRIVE" ] || missing+=("$B_NBDDRIVE")
+    [ -f "$B_ALLOC_COUNTER" ] || missing+=("$B_ALLOC_COUNTER")
+fi
 if [ "$need_rdmaswap" = 1 ]; then
     [ -x "$B_MEMSERVER" ] || missing+=("$B_MEMSERVER")
     [ -f "$B_PLUGIN" ] || missing+=("$B_PLUGIN")
@@ -428,6 +464,10 @@ done
 # the project's binaries
 [ -x "$B_SWAPLOAD" ] && add_elf "$B_SWAPLOAD" /usr/local/bin/swapload
 [ -x "$B_MEMSCAN" ] && add_elf "$B_MEMSCAN" /usr/local/bin/memscan
+if [ "$has_alloc" = 1 ]; then
+    add_elf "$B_NBDDRIVE" /usr/local/bin/nbddrive
+    add_elf "$B_ALLOC_COUNTER" /usr/local/lib/librdmaswap-alloc-counter.so
+fi
 if [ "$need_rdmaswap" = 1 ]; then
     add_elf "$B_MEMSERVER" /usr/local/bin/rdmaswap-memserver
     add_elf "$B_CTL" /usr/local/bin/rdmaswapctl
@@ -497,6 +537,8 @@ PEER_WAIT=$PEER_WAIT
 PREFILL=$PREFILL
 PLUGIN_ARGS="$PLUGIN_ARGS"
 PASSES=$PASSES
+REP_REPLICAS=$REPLICAS
+ALLOC_REQUESTS=$ALLOC_REQUESTS
 SWAPLOAD_ARGS="$SWAPLOAD_ARGS"
 MIN_PSWPOUT=$MIN_PSWPOUT
 CONNS=$CONNS
