@@ -250,7 +250,8 @@ public:
 	explicit FakeServer(std::shared_ptr<FakeBackend> b) : b_(std::move(b))
 	{
 		std::lock_guard lock(b_->mu);
-		reattached_ = b_->reattach.load() && !b_->slabs.empty();
+		// A memserver hands back a detached session that holds floors but no slab too.
+		reattached_ = b_->reattach.load() && (!b_->slabs.empty() || !b_->floors.empty());
 	}
 
 	const ServerInfo &info() const override { return b_->info; }
