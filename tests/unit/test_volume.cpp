@@ -1205,3 +1205,38 @@ TEST_CASE("volume: give-back passes over a donor that turns out full", "[volume]
 	CHECK(compare_all(*v, shadow) == -1);
 	check_no_violations(bs);
 }
+
+TEST_CASE("volume: slabs moved by a give-back carry their epoch: a restart reattaches them",
+	  "[volume][giveback][reattach]")
+{
+	const auto bs = bound_backends();
+	const auto o = reattach_opts(8 * SS, std::chrono::milliseconds(5));
+	Bytes shadow(8 * SS);
+	size_t moved = 0;
+	{
+		auto v = make_volume(bs, o);
+		REQUIRE(write_shadow(*v, shadow, pattern(8 * SS, 31), 0) == 0);
+		moved = bs[0]->live_slabs();
+		REQUIRE(moved > 0);
+		bs[0]->want_all();
+		REQUIRE(eventually([&] { return bs[0]->live_slabs() == 0; }));
+		CHECK(v->stats().migrated == moved);
+		// No copy is left tagged with epoch 0 (incomplete) on the new donors.
+		for (size_t k : {size_t(1), size_t(2)}) {
+			std::lock_guard lock(bs[k]->mu);
+			for (auto &[id, t] : bs[k]->tags)
+				CHECK(t.second != 0);
+		}
+		CHECK(compare_all(*v, shadow) == -1);
+	}
+	for (auto &b : bs)
+		b->reattach = true;
+	auto v2 = make_volume(bs, o);
+	const VolumeStats st = v2->stats();
+	CHECK(st.reattached == 8);
+	CHECK(st.reattach_stale == 0);
+	CHECK(st.lost == 0);
+	CHECK(st.degraded == 0);
+	CHECK(compare_all(*v2, shadow) == -1);
+	check_no_violations(bs);
+}
