@@ -116,7 +116,9 @@ Volume::Volume(std::vector<std::unique_ptr<Server>> servers, const VolumeOptions
 			throw;
 		}
 	}
+	wanted_.resize(servers_.size());
 	repair_thread_ = std::thread([this] { repair_loop(); });
+	poll_thread_ = std::thread([this] { poll_loop(); });
 }
 
 void Volume::recover(unsigned missing)
@@ -210,6 +212,8 @@ Volume::~Volume()
 	repair_cv_.notify_all();
 	if (repair_thread_.joinable())
 		repair_thread_.join();
+	if (poll_thread_.joinable())
+		poll_thread_.join();
 	channels_.clear(); // data paths reference the region: drop them first
 	if (region_)
 		munmap(region_, region_len_);
@@ -889,15 +893,13 @@ uint64_t Volume::migrate_wanted(Channel &ch)
 {
 	uint64_t stuck = 0;
 	std::vector<uint32_t> ids; // control path: allocating is fine
-	const int64_t now = now_ns();
 	for (size_t i = 0; i < servers_.size(); i++) {
-		if (now < sstate_[i].down_until.load() || !servers_[i]->session_alive())
-			continue;
-		if (servers_[i]->wanted_slabs(ids) != 0) {
-			mark_down(uint16_t(i)); // hung or gone: do not wait on it again for a while
-			continue;
+		{
+			// The poller's latest list (slabs moved since are simply not found below).
+			std::lock_guard lock(wanted_mu_);
+			ids = wanted_[i];
 		}
-		if (ids.empty())
+		if (ids.empty() || !servers_[i]->session_alive())
 			continue;
 		std::sort(ids.begin(), ids.end());
 		const uint64_t moved_before = migrated_.load();
@@ -937,6 +939,38 @@ uint64_t Volume::migrate_wanted(Channel &ch)
 		}
 	}
 	return stuck;
+}
+
+void Volume::poll_loop()
+{
+	std::vector<uint32_t> ids;
+	for (;;) {
+		{
+			std::unique_lock lock(repair_mu_);
+			repair_cv_.wait_for(lock, repair_interval_, [this] { return stop_; });
+			if (stop_)
+				return;
+		}
+		bool any = false;
+		const int64_t now = now_ns();
+		for (size_t i = 0; i < servers_.size(); i++) {
+			if (now < sstate_[i].down_until.load() || !servers_[i]->session_alive())
+				continue;
+			if (const int err = servers_[i]->wanted_slabs(ids)) {
+				// Hung or gone: do not wait on it again for a while.
+				logger("volume")->warn("give-back: asking memserver {} which slabs it "
+						       "wants back failed: {}",
+						       servers_[i]->name(), std::strerror(err));
+				mark_down(uint16_t(i));
+				continue;
+			}
+			any = any || !ids.empty();
+			std::lock_guard lock(wanted_mu_);
+			wanted_[i].swap(ids);
+		}
+		if (any)
+			kick_repair();
+	}
 }
 
 bool Volume::repair(uint64_t slab, Channel &ch)

@@ -225,6 +225,12 @@ private:
 	bool repair_kick_ = false;
 	bool stop_ = false;
 	std::thread repair_thread_;
+	// Give-back: a thread of its own asks the donors which slabs they want back (WANTED), so
+	// that a hung donor stalls it, never the repair thread; migrate_wanted() takes its lists.
+	void poll_loop();
+	std::mutex wanted_mu_;
+	std::vector<std::vector<uint32_t>> wanted_; // by server, under wanted_mu_
+	std::thread poll_thread_;
 };
 
 } // namespace rdmaswap
