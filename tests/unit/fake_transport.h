@@ -250,7 +250,8 @@ public:
 	explicit FakeServer(std::shared_ptr<FakeBackend> b) : b_(std::move(b))
 	{
 		std::lock_guard lock(b_->mu);
-		// A memserver hands back a detached session that holds floors but no slab too.
+		// As the memserver: a kept session is taken over (BIND says reattached) whatever it
+		// holds, slabs or only floors; a donor with neither stands for one that kept nothing.
 		reattached_ = b_->reattach.load() && (!b_->slabs.empty() || !b_->floors.empty());
 	}
 

@@ -36,6 +36,15 @@ usage: run-vm-test.sh [--mode rdma|tcp|memory|kill|pressure|twohost] [--bench] [
                     the volume back to full redundancy (issue 4)
                     alloc-T: nbdkit + plugin (and the memserver) under tests/alloc's allocation
                     counter, nbddrive's requests over T, 0 allocations required (issue 5)
+                    reattach-T: nbdkit (volume=, lease=, 2 memservers over T, replicas=2)
+                    killed -9 after REA_MIB MiB were written to /dev/nbd0, restarted with the
+                    same volume: the new plugin must take the slabs over and every byte must
+                    read back (block level; nbd-client reconnected by hand)
+                    persist-T: the same under swap with nbd-client -swap -persist -nonetlink,
+                    killed mid-swapload (by hand: see README for what this kernel does)
+  --reattach-lease N  reattach/persist runs: the plugin's lease= (default 60; 0 must FAIL)
+  --reattach-volume NAME  reattach/persist runs: volume= of the restarted nbdkit (default the
+                    first one's, vmtest; another name must FAIL)
   --replicas N      repkill runs: the plugin's replicas= (default 2; 1 must make them FAIL)
   --alloc-requests N  alloc runs: requests counted in steady state (default 100000)
   --bench           one boot, the swap workload over rdma, tcp and memory; prints a table
@@ -80,6 +89,8 @@ PLUGIN_ARGS=""
 RUNS=""
 EXTRA_RUNS=""
 REPLICAS=2
+REA_LEASE=60
+REA_VOLUME2=""
 ALLOC_REQUESTS=100000
 MIB=""
 CG_MAX=""
@@ -120,6 +131,8 @@ while [ $# -gt 0 ]; do
         --runs) RUNS=${2:?}; MODE=runs; shift ;;
         --extra-runs) EXTRA_RUNS=${2:?}; shift ;;
         --replicas) REPLICAS=${2:?}; shift ;;
+        --reattach-lease) REA_LEASE=${2:?}; shift ;;
+        --reattach-volume) REA_VOLUME2=${2:?}; shift ;;
         --alloc-requests) ALLOC_REQUESTS=${2:?}; shift ;;
         --mib) MIB=${2:?}; shift ;;
         --cg-max) CG_MAX=${2:?}; shift ;;
@@ -185,10 +198,12 @@ for r in $RUNS; do
     case "$t" in
         repkill-rdma|repkill-tcp) has_cgroup=1; run_transports+=" ${t#repkill-}"; continue ;;
         alloc-rdma|alloc-tcp) has_alloc=1; run_transports+=" ${t#alloc-}"; continue ;;
+        reattach-rdma|reattach-tcp) run_transports+=" ${t#reattach-}"; continue ;;
+        persist-rdma|persist-tcp) has_cgroup=1; run_transports+=" ${t#persist-}"; continue ;;
     esac
     case "$t" in pressure-*) has_pressure=1; t=${t#pressure-} ;; *) has_cgroup=1 ;; esac
     case "$t" in crypt-*) has_crypt=1; t=${t#crypt-} ;; esac
-    case "$t" in rdma|tcp|memory) run_transports+=" $t" ;; *) die "unknown swap run '$r' (want [pressure-][crypt-]rdma|tcp|memory, repkill-rdma|tcp or alloc-rdma|tcp)" ;; esac
+    case "$t" in rdma|tcp|memory) run_transports+=" $t" ;; *) die "unknown swap run '$r' (want [pressure-][crypt-]rdma|tcp|memory, repkill-, alloc-, reattach- or persist-rdma|tcp)" ;; esac
 done
 [ "$MODE" != twohost ] || has_cgroup=1
 case "$MODE" in kill|twohost) ;; *) [ -n "$RUNS" ] || die "no swap runs given" ;; esac
@@ -209,6 +224,8 @@ if [ -z "$TIMEOUT" ]; then
     fi
 fi
 is_uint "$SYSRQ_BEFORE" || die "--sysrq-before needs an integer"
+is_uint "$REA_LEASE" || die "--reattach-lease needs an integer"
+[ -z "$REA_VOLUME2" ] || [[ "$REA_VOLUME2" =~ ^[!-~]{1,64}$ ]] || die "--reattach-volume: 1 to 64 printable characters, no space"
 for v in MIB PASSES CONNS TIMEOUT MEM SMP PRESSURE_EXTRA REPLICAS ALLOC_REQUESTS; do
     is_uint "${!v}" && [ "${!v}" -gt 0 ] || die "--${v,,} needs a positive integer"
 done
@@ -538,6 +555,8 @@ PREFILL=$PREFILL
 PLUGIN_ARGS="$PLUGIN_ARGS"
 PASSES=$PASSES
 REP_REPLICAS=$REPLICAS
+REA_LEASE=$REA_LEASE
+REA_VOLUME2="$REA_VOLUME2"
 ALLOC_REQUESTS=$ALLOC_REQUESTS
 SWAPLOAD_ARGS="$SWAPLOAD_ARGS"
 MIN_PSWPOUT=$MIN_PSWPOUT
