@@ -61,6 +61,9 @@ const char *op_name(Op op)
 	case Op::Write: return "WRITE";
 	case Op::Stats: return "STATS";
 	case Op::List: return "LIST";
+	case Op::GiveBack: return "GIVEBACK";
+	case Op::Wanted: return "WANTED";
+	case Op::GiveBackStatus: return "GIVEBACK_STATUS";
 	case Op::Bind: return "BIND";
 	case Op::AllocTagged: return "ALLOC_TAGGED";
 	case Op::SetTag: return "SET_TAG";
@@ -81,6 +84,9 @@ long request_body_size(Op op)
 	case Op::Write: return kIoRequestSize;
 	case Op::Stats: return 0;
 	case Op::List: return 0;
+	case Op::GiveBack: return kGiveBackRequestSize;
+	case Op::Wanted: return 0;
+	case Op::GiveBackStatus: return 0;
 	case Op::Bind: return kBindRequestSize;
 	case Op::AllocTagged: return kAllocTaggedRequestSize;
 	case Op::SetTag: return kSetTagRequestSize;
@@ -101,6 +107,9 @@ long reply_body_size(Op op)
 	case Op::Write: return 0;
 	case Op::Stats: return kStatsReplySize;
 	case Op::List: return 4; // plus 4 bytes per id
+	case Op::GiveBack: return kGiveBackReplySize;
+	case Op::Wanted: return 4; // as LIST
+	case Op::GiveBackStatus: return kGiveBackReplySize;
 	case Op::Bind: return kBindReplySize;
 	case Op::AllocTagged: return kAllocReplySize;
 	case Op::SetTag: return 0;
@@ -165,7 +174,7 @@ Status decode_header(std::span<const std::byte, kHeaderSize> in, Header &out)
 		if (h.op == Op::Read) {
 			if (h.body_len > kMaxIo)
 				return Status::fail("READ reply payload too large");
-		} else if (h.op == Op::List) {
+		} else if (h.op == Op::List || h.op == Op::Wanted) {
 			if (h.body_len < 4 || h.body_len > kMaxIo || h.body_len % 4 != 0)
 				return Status::fail("LIST reply length out of range");
 		} else if (h.op == Op::VolumeList) {
@@ -675,6 +684,57 @@ Status decode(std::span<const std::byte> in, VolumeListRequest &m)
 	if (r.reserved != 0)
 		return Status::fail("VOLUME_LIST reserved field not zero");
 	r.what = ListWhat(what);
+	m = r;
+	return {};
+}
+
+void encode(const GiveBackRequest &m, std::span<std::byte> out)
+{
+	Out o(out.first<kGiveBackRequestSize>());
+	o.put(m.bytes);
+}
+
+Status decode(std::span<const std::byte> in, GiveBackRequest &m)
+{
+	if (in.size() != kGiveBackRequestSize)
+		return Status::fail("GIVEBACK body has the wrong size");
+	In i(in);
+	GiveBackRequest r;
+	r.bytes = i.get<uint64_t>();
+	if (r.bytes == 0)
+		return Status::fail("GIVEBACK of 0 bytes");
+	m = r;
+	return {};
+}
+
+void encode(const GiveBackReply &m, std::span<std::byte> out)
+{
+	Out o(out.first<kGiveBackReplySize>());
+	o.put(m.withdrawn_now);
+	o.put(m.wanted_now);
+	o.put(m.slabs_withdrawn);
+	o.put(m.slabs_wanted);
+	o.put(m.slabs_total);
+	o.put(m.reserved);
+}
+
+Status decode(std::span<const std::byte> in, GiveBackReply &m)
+{
+	if (in.size() != kGiveBackReplySize)
+		return Status::fail("GIVEBACK reply has the wrong size");
+	In i(in);
+	GiveBackReply r;
+	r.withdrawn_now = i.get<uint32_t>();
+	r.wanted_now = i.get<uint32_t>();
+	r.slabs_withdrawn = i.get<uint32_t>();
+	r.slabs_wanted = i.get<uint32_t>();
+	r.slabs_total = i.get<uint32_t>();
+	r.reserved = i.get<uint32_t>();
+	if (r.reserved != 0)
+		return Status::fail("GIVEBACK reply reserved field not zero");
+	if (uint64_t(r.slabs_withdrawn) + r.slabs_wanted > r.slabs_total ||
+	    r.withdrawn_now > r.slabs_withdrawn || r.wanted_now > r.slabs_wanted)
+		return Status::fail("GIVEBACK reply counts exceed the slab count");
 	m = r;
 	return {};
 }

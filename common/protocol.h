@@ -31,6 +31,10 @@ enum class Op : uint8_t {
 	AllocTagged = 9,
 	SetTag = 10,
 	VolumeList = 11,
+	// Donor memory give-back (ops 12-15; 8-11 belong to reattach).
+	GiveBack = 12,       // admin: withdraw `bytes` of capacity (GiveBackRequest/Reply)
+	Wanted = 13,         // this session's slabs wanted back (reply as LIST)
+	GiveBackStatus = 14, // admin: withdrawn and pending counts (reply GiveBackReply)
 	// Authentication (common/auth.h), before anything else on a connection. Numbered apart
 	// from the session ops.
 	Auth = 16,
@@ -182,6 +186,19 @@ void encode_entries(std::span<const VolumeEntry> in, std::span<std::byte> out);
 void encode_entries(std::span<const SessionEntry> in, std::span<std::byte> out);
 long decode_entries(std::span<const std::byte> in, std::span<VolumeEntry> out);
 long decode_entries(std::span<const std::byte> in, std::span<SessionEntry> out);
+// GIVEBACK: withdraw `bytes` (rounded up to whole slabs) of the memserver's capacity: free
+// slabs at once, granted ones once their owners have moved them (see Op::Wanted).
+struct GiveBackRequest {              // 8 bytes
+	uint64_t bytes = 0;
+};
+struct GiveBackReply {                // 24 bytes (also the GIVEBACK_STATUS reply)
+	uint32_t withdrawn_now = 0;   // free slabs withdrawn by this request (status: 0)
+	uint32_t wanted_now = 0;      // granted slabs this request asked their owners to move
+	uint32_t slabs_withdrawn = 0; // total withdrawn (capacity given back)
+	uint32_t slabs_wanted = 0;    // total pending moves
+	uint32_t slabs_total = 0;
+	uint32_t reserved = 0;
+};
 
 struct AuthRequest {                  // 48 bytes
 	std::array<std::byte, 32> client_nonce{};
@@ -205,6 +222,8 @@ inline constexpr size_t kAllocReplySize = 32;
 inline constexpr size_t kFreeRequestSize = 8;
 inline constexpr size_t kIoRequestSize = 16;
 inline constexpr size_t kStatsReplySize = 80;
+inline constexpr size_t kGiveBackRequestSize = 8;
+inline constexpr size_t kGiveBackReplySize = 24;
 // LIST reply: a u32 count followed by that many u32 slab ids, at most kMaxIo bytes in all.
 inline constexpr uint32_t kMaxListIds = (kMaxIo - 4) / 4;
 // Decode a LIST reply body into `ids` (capacity ids.size()); returns the count or -1 if the
@@ -250,6 +269,8 @@ void encode(const BindReply &m, std::span<std::byte> out);
 void encode(const AllocTaggedRequest &m, std::span<std::byte> out);
 void encode(const SetTagRequest &m, std::span<std::byte> out);
 void encode(const VolumeListRequest &m, std::span<std::byte> out);
+void encode(const GiveBackRequest &m, std::span<std::byte> out);
+void encode(const GiveBackReply &m, std::span<std::byte> out);
 // Decoders check the span is exactly the body size and every field's range.
 Status decode(std::span<const std::byte> in, AuthRequest &m);
 Status decode(std::span<const std::byte> in, AuthReply &m);
@@ -265,6 +286,8 @@ Status decode(std::span<const std::byte> in, BindReply &m);
 Status decode(std::span<const std::byte> in, AllocTaggedRequest &m);
 Status decode(std::span<const std::byte> in, SetTagRequest &m);
 Status decode(std::span<const std::byte> in, VolumeListRequest &m);
+Status decode(std::span<const std::byte> in, GiveBackRequest &m);
+Status decode(std::span<const std::byte> in, GiveBackReply &m);
 
 const char *op_name(Op op);
 

@@ -212,6 +212,35 @@ void RemoteServer::housekeeping()
 	reconcile();
 }
 
+int RemoteServer::wanted_slabs(std::vector<uint32_t> &ids)
+{
+	ids.clear();
+	if (!poll_fd_) {
+		int err = 0;
+		uint64_t conn_id = 0;
+		poll_fd_ = join_session(addr_, opts_.timeout, opts_.auth_key.get(),
+					control_->session_id(), control_->token(),
+					opts_.kind == TransportKind::Rdma, 0, conn_id, err);
+		if (!poll_fd_) {
+			if (err == ENOENT)
+				lost_->store(true); // the server no longer knows our session
+			return err ? err : EIO;
+		}
+		poll_buf_.resize(proto::kMaxIo);
+	}
+	size_t len = 0;
+	int err = rpc_var(poll_fd_.get(), poll_id_++, proto::Op::Wanted, {}, poll_buf_, len);
+	ids.resize(list_ids_.size());
+	const long n = err ? -1 : proto::decode_list(std::span(poll_buf_).first(len), ids);
+	if (n < 0) {
+		poll_fd_.reset(); // WANTED changes nothing: simply ask again on a new connection
+		ids.clear();
+		return err ? err : EPROTO;
+	}
+	ids.resize(size_t(n));
+	return 0;
+}
+
 int RemoteServer::stats(proto::StatsReply &out)
 {
 	return control_->stats(out);

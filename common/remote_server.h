@@ -47,6 +47,7 @@ public:
 	int free_slab(uint32_t id) override;
 	void forget_slab(uint32_t id) override;
 	void housekeeping() override;
+	int wanted_slabs(std::vector<uint32_t> &ids) override;
 	int stats(proto::StatsReply &out) override;
 	std::unique_ptr<DataPath> open_data_path(std::span<std::byte> region) override;
 	bool session_alive() const override;
@@ -83,6 +84,11 @@ private:
 	// does not know yet: reconcile() must not give them back.
 	bool adopting_ = false;
 	std::shared_ptr<std::atomic<bool>> lost_ = std::make_shared<std::atomic<bool>>(false);
+	// wanted_slabs() polls on a connection of its own (repair thread only), so that a poll
+	// of a hung server never holds up ALLOC or FREE on the control connection.
+	Fd poll_fd_;
+	uint64_t poll_id_ = 1;
+	std::vector<std::byte> poll_buf_;
 };
 
 } // namespace rdmaswap

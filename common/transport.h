@@ -89,6 +89,13 @@ public:
 	// anything left uncertain, e.g. give back slabs forgotten by forget_slab. May block up to
 	// the timeout.
 	virtual void housekeeping() {}
+	// The slabs of this session the server wants back (give-back), into `ids` (control path,
+	// from the repair thread; may block up to the timeout). 0 or errno.
+	virtual int wanted_slabs(std::vector<uint32_t> &ids)
+	{
+		ids.clear();
+		return 0;
+	}
 	virtual int stats(proto::StatsReply &out) = 0;
 	// Make a data path whose posts may use local buffers inside `region`. Setup only (may
 	// allocate, may block up to the connect timeout). Throws std::runtime_error on failure.

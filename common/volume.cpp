@@ -116,7 +116,9 @@ Volume::Volume(std::vector<std::unique_ptr<Server>> servers, const VolumeOptions
 			throw;
 		}
 	}
+	wanted_.resize(servers_.size());
 	repair_thread_ = std::thread([this] { repair_loop(); });
+	poll_thread_ = std::thread([this] { poll_loop(); });
 }
 
 void Volume::recover(unsigned missing)
@@ -210,6 +212,8 @@ Volume::~Volume()
 	repair_cv_.notify_all();
 	if (repair_thread_.joinable())
 		repair_thread_.join();
+	if (poll_thread_.joinable())
+		poll_thread_.join();
 	channels_.clear(); // data paths reference the region: drop them first
 	if (region_)
 		munmap(region_, region_len_);
@@ -248,6 +252,10 @@ VolumeStats Volume::stats() const
 	st.epoch_raises = epoch_raises_.load();
 	st.reattached = reattached_.load();
 	st.reattach_stale = reattach_stale_.load();
+	st.migrated = migrated_.load();
+	st.migrate_bytes = migrate_bytes_.load();
+	st.migrate_pending = migrate_pending_.load();
+	st.migrate_ms = migrate_ns_.load() / 1000000;
 	return st;
 }
 
@@ -269,6 +277,10 @@ std::string Volume::status_text() const
 	kv("epoch_raises", std::to_string(st.epoch_raises));
 	kv("reattached", std::to_string(st.reattached));
 	kv("reattach_stale", std::to_string(st.reattach_stale));
+	kv("migrated", std::to_string(st.migrated));
+	kv("migrate_bytes", std::to_string(st.migrate_bytes));
+	kv("migrate_ms", std::to_string(st.migrate_ms));
+	kv("migrate_pending", std::to_string(st.migrate_pending));
 	const int64_t now = now_ns();
 	for (size_t i = 0; i < servers_.size(); i++) {
 		const bool alive = servers_[i]->session_alive();
@@ -786,6 +798,181 @@ int Volume::fence_stale(uint64_t slab, uint8_t took)
 	return 0;
 }
 
+bool Volume::copy_slab(Channel &ch, const Replica &src, uint16_t dst, const SlabGrant &g,
+			std::atomic<uint64_t> &bytes)
+{
+	for (uint64_t off = 0; off < slab_size_; off += buffer_size_) {
+		const uint32_t len = uint32_t(std::min<uint64_t>(buffer_size_, slab_size_ - off));
+		ch.paths[src.server]->post_read(src.grant, off, len, ch.buf);
+		if (ch.paths[src.server]->complete() != 0) {
+			mark_down(src.server);
+			return false;
+		}
+		ch.paths[dst]->post_write(g, off, len, ch.buf);
+		if (ch.paths[dst]->complete() != 0) {
+			mark_down(dst);
+			return false;
+		}
+		bytes.fetch_add(len);
+	}
+	return true;
+}
+
+bool Volume::migrate(uint64_t slab, uint16_t server, uint32_t id, Channel &ch)
+{
+	Slab &s = slabs_[slab];
+	Replica old;
+	{
+		std::unique_lock ex(s.mu);
+		int k = -1;
+		for (unsigned i = 0; i < s.nrep; i++)
+			if (s.rep[i].server == server && s.rep[i].grant.id == id)
+				k = int(i);
+		if (k < 0)
+			return true; // trimmed or repaired meanwhile: nothing of ours to move
+		// The source: a valid replica on another donor if there is one, else the wanted
+		// replica itself (replicas=1: it is still valid and still served).
+		int src = -1;
+		for (unsigned i = 0; i < s.nrep; i++)
+			if (valid(s.rep[i]) && (src < 0 || int(i) != k))
+				src = int(i);
+		if (src < 0)
+			return false; // lost: keep the replica so that reads fail with EIO
+		if (!valid(s.rep[k])) {
+			// A stale copy: the repair drops it (raising the epoch of the good ones first
+			// when the volume is bound) and restores the count; nothing to move.
+			kick_repair();
+			return true;
+		}
+		// Not onto a donor holding a copy (the one asking among them); a donor that turns
+		// out full sends us to the next one, as in allocate().
+		uint16_t exclude[kMaxServers];
+		unsigned nex = 0;
+		for (unsigned i = 0; i < s.nrep; i++)
+			exclude[nex++] = s.rep[i].server;
+		uint16_t dst;
+		uint32_t gen;
+		SlabGrant g;
+		for (;;) {
+			if (nex >= servers_.size() || place(1, std::span(exclude, nex), &dst) == 0)
+				return false; // no other donor has room: the slab stays where it is
+			exclude[nex++] = dst;
+			gen = sstate_[dst].gen.load();
+			// Epoch 0 until the copy is complete (bound volumes): a restart never trusts a
+			// half copy.
+			const int err = servers_[dst]->alloc_tagged(slab, 0, g);
+			if (err == 0)
+				break;
+			if (err != ENOSPC)
+				mark_down(dst);
+		}
+		sstate_[dst].used.fetch_add(1);
+		const Replica from = s.rep[src];
+		const int64_t t0 = now_ns();
+		bool ok = copy_slab(ch, from, dst, g, migrate_bytes_);
+		migrate_ns_.fetch_add(uint64_t(now_ns() - t0));
+		if (ok && tagged_ && servers_[dst]->set_tag(g.id, slab, s.epoch) != 0) {
+			mark_down(dst);
+			ok = false;
+		}
+		if (!ok || !valid(from)) {
+			ex.unlock();
+			release_replica(Replica{dst, gen, g, 0});
+			return false; // try again at the next pass
+		}
+		old = s.rep[k];
+		s.rep[k] = Replica{dst, gen, g, s.epoch};
+	}
+	// Switched over: only now give the old slab back (the donor then withdraws it).
+	release_replica(old);
+	migrated_.fetch_add(1);
+	return true;
+}
+
+uint64_t Volume::migrate_wanted(Channel &ch)
+{
+	uint64_t stuck = 0;
+	std::vector<uint32_t> ids; // control path: allocating is fine
+	for (size_t i = 0; i < servers_.size(); i++) {
+		{
+			// The poller's latest list (slabs moved since are simply not found below).
+			std::lock_guard lock(wanted_mu_);
+			ids = wanted_[i];
+		}
+		if (ids.empty() || !servers_[i]->session_alive())
+			continue;
+		std::sort(ids.begin(), ids.end());
+		const uint64_t moved_before = migrated_.load();
+		const uint64_t bytes_before = migrate_bytes_.load();
+		const auto started = std::chrono::steady_clock::now();
+		for (uint64_t slab = 0; slab < nslabs_; slab++) {
+			uint32_t id = 0;
+			bool hit = false;
+			{
+				std::shared_lock lock(slabs_[slab].mu);
+				for (unsigned k = 0; k < slabs_[slab].nrep && !hit; k++) {
+					const Replica &r = slabs_[slab].rep[k];
+					if (r.server == i &&
+					    std::binary_search(ids.begin(), ids.end(), r.grant.id)) {
+						id = r.grant.id;
+						hit = true;
+					}
+				}
+			}
+			if (!hit)
+				continue;
+			if (!migrate(slab, uint16_t(i), id, ch))
+				stuck++;
+			std::lock_guard lock(repair_mu_);
+			if (stop_)
+				return stuck;
+		}
+		if (const uint64_t n = migrated_.load() - moved_before) {
+			const double secs = std::chrono::duration<double>(
+						    std::chrono::steady_clock::now() - started)
+						    .count();
+			const double mib = double(migrate_bytes_.load() - bytes_before) / (1 << 20);
+			logger("volume")->info("give-back: moved {} slabs ({:.0f} MiB) off memserver "
+					       "{} in {:.2f} s ({:.0f} MiB/s); {} moved so far",
+					       n, mib, servers_[i]->name(), secs,
+					       secs > 0 ? mib / secs : 0.0, migrated_.load());
+		}
+	}
+	return stuck;
+}
+
+void Volume::poll_loop()
+{
+	std::vector<uint32_t> ids;
+	for (;;) {
+		{
+			std::unique_lock lock(repair_mu_);
+			repair_cv_.wait_for(lock, repair_interval_, [this] { return stop_; });
+			if (stop_)
+				return;
+		}
+		bool any = false;
+		const int64_t now = now_ns();
+		for (size_t i = 0; i < servers_.size(); i++) {
+			if (now < sstate_[i].down_until.load() || !servers_[i]->session_alive())
+				continue;
+			if (const int err = servers_[i]->wanted_slabs(ids)) {
+				// Hung or gone: do not wait on it again for a while.
+				logger("volume")->warn("give-back: asking memserver {} which slabs it "
+						       "wants back failed: {}",
+						       servers_[i]->name(), std::strerror(err));
+				mark_down(uint16_t(i));
+				continue;
+			}
+			any = any || !ids.empty();
+			std::lock_guard lock(wanted_mu_);
+			wanted_[i].swap(ids);
+		}
+		if (any)
+			kick_repair();
+	}
+}
+
 bool Volume::repair(uint64_t slab, Channel &ch)
 {
 	auto log = logger("volume");
@@ -831,23 +1018,7 @@ bool Volume::repair(uint64_t slab, Channel &ch)
 			// Copy the whole slab from a good replica; no write can run meanwhile (we hold
 			// the slab exclusively).
 			const Replica &src = good[0];
-			bool ok = true;
-			for (uint64_t off = 0; off < slab_size_ && ok; off += buffer_size_) {
-				const uint32_t len = uint32_t(std::min<uint64_t>(buffer_size_, slab_size_ - off));
-				ch.paths[src.server]->post_read(src.grant, off, len, ch.buf);
-				if (ch.paths[src.server]->complete() != 0) {
-					mark_down(src.server);
-					ok = false;
-					break;
-				}
-				ch.paths[dst]->post_write(g, off, len, ch.buf);
-				if (ch.paths[dst]->complete() != 0) {
-					mark_down(dst);
-					ok = false;
-					break;
-				}
-				repair_bytes_.fetch_add(len);
-			}
+			bool ok = copy_slab(ch, src, dst, g, repair_bytes_);
 			if (ok && tagged_ && servers_[dst]->set_tag(g.id, slab, s.epoch) != 0) {
 				mark_down(dst);
 				ok = false;
@@ -891,9 +1062,17 @@ void Volume::repair_loop()
 		for (size_t i = 0; i < servers_.size(); i++)
 			if (now >= sstate_[i].down_until.load())
 				servers_[i]->housekeeping();
+		std::lock_guard chl(ch.mu);
+		// Give-back: move the slabs donors want back, before anything else.
+		const uint64_t stuck = migrate_wanted(ch);
+		if (stuck > migrate_pending_.load())
+			log->warn("give-back: {} slabs wanted back by their memserver cannot move (no "
+				  "other memserver has room, or no valid copy to move); they stay where "
+				  "they are and are moved when they can be",
+				  stuck);
+		migrate_pending_.store(stuck);
 		if (replicas_ < 2)
 			continue;
-		std::lock_guard chl(ch.mu);
 		for (uint64_t i = 0; i < nslabs_; i++) {
 			{
 				std::shared_lock lock(slabs_[i].mu);

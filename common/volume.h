@@ -18,6 +18,8 @@
 //   that did not (and records the epoch as a floor on the other donors), so a restarted
 //   volume, which trusts only the highest epoch of each chunk, never reads a replica that
 //   missed an acknowledged write. See docs/replication.md, "Restart".
+// - A background thread restores `replicas` copies of degraded slabs on other donors, and
+//   moves slabs that their donor wants back (give-back) to other donors before freeing them.
 #pragma once
 
 #include <atomic>
@@ -71,6 +73,10 @@ struct VolumeStats {
 	uint64_t epoch_raises = 0;   // degraded writes that raised a chunk's epoch
 	uint64_t reattached = 0;     // chunks taken over from a previous plugin at start
 	uint64_t reattach_stale = 0; // replicas found at start that were older: given back
+	uint64_t migrated = 0;        // slabs moved off a donor that wanted them back
+	uint64_t migrate_bytes = 0;   // bytes copied by those moves
+	uint64_t migrate_ms = 0;      // time spent copying them (throughput: bytes / time)
+	uint64_t migrate_pending = 0; // slabs wanted back that could not move (last pass)
 };
 
 class Volume {
@@ -180,6 +186,16 @@ private:
 	// a floor elsewhere before it is acknowledged. 0 or EIO. Slab held shared.
 	int fence_stale(uint64_t slab, uint8_t took);
 	void repair_loop();
+	// Copy the whole slab from replica `src` into grant `g` on server `dst` through `ch`,
+	// counting the bytes in `bytes`. False if a transfer failed (that donor is marked down).
+	bool copy_slab(Channel &ch, const Replica &src, uint16_t dst, const SlabGrant &g,
+		       std::atomic<uint64_t> &bytes);
+	// Give-back: ask every donor which of our slabs it wants back and move them. Returns the
+	// number of wanted slabs that could not move.
+	uint64_t migrate_wanted(Channel &ch);
+	// Move the replica of `slab` held as slab `id` on `server` to another donor (not one
+	// holding a copy), then free it. True when moved or nothing is left to move.
+	bool migrate(uint64_t slab, uint16_t server, uint32_t id, Channel &ch);
 	// Restore the replica count of one slab. Returns true if it changed anything.
 	bool repair(uint64_t slab, Channel &ch);
 
@@ -202,11 +218,18 @@ private:
 	bool tagged_ = false; // every server is bound to the volume
 	std::atomic<uint64_t> repaired_{0}, repair_bytes_{0}, server_failures_{0};
 	std::atomic<uint64_t> epoch_raises_{0}, reattached_{0}, reattach_stale_{0};
+	std::atomic<uint64_t> migrated_{0}, migrate_bytes_{0}, migrate_pending_{0}, migrate_ns_{0};
 	std::mutex repair_mu_;
 	std::condition_variable repair_cv_;
 	bool repair_kick_ = false;
 	bool stop_ = false;
 	std::thread repair_thread_;
+	// Give-back: a thread of its own asks the donors which slabs they want back (WANTED), so
+	// that a hung donor stalls it, never the repair thread; migrate_wanted() takes its lists.
+	void poll_loop();
+	std::mutex wanted_mu_;
+	std::vector<std::vector<uint32_t>> wanted_; // by server, under wanted_mu_
+	std::thread poll_thread_;
 };
 
 } // namespace rdmaswap

@@ -2,6 +2,7 @@
 // rdmaswap-memserver: donate this host's memory as slabs to rdmaswap clients.
 #include <csignal>
 #include <cstdio>
+#include <cstdlib>
 #include <string>
 #include <vector>
 
@@ -29,6 +30,7 @@ int main(int argc, char **argv)
 	CLI::App app{"rdmaswap-memserver: serve this host's memory to rdmaswap clients as swap"};
 	MemserverOptions opts;
 	std::string capacity = "1G", slab_size = "256M", transport = "auto", level = "info";
+	std::string reserve;
 	std::vector<std::string> key_files;
 	unsigned handshake_ms = 5000;
 	app.add_option("--listen", opts.listen, "address to listen on (default 0.0.0.0)");
@@ -46,6 +48,9 @@ int main(int argc, char **argv)
 	app.add_option("--handshake-timeout", handshake_ms,
 		       "milliseconds a new connection has to authenticate and say HELLO "
 		       "(default 5000)");
+	app.add_option("--reserve", reserve,
+		       "give slabs back to this host while its MemAvailable is below SIZE, "
+		       "e.g. 2G (default: off)");
 	app.add_option("--log-level", level, "trace, debug, info, warn, error (default info)");
 	CLI11_PARSE(app, argc, argv);
 
@@ -69,6 +74,17 @@ int main(int argc, char **argv)
 		log->error("--transport must be tcp, rdma or auto, not '{}'", transport);
 		return 2;
 	}
+	if (!reserve.empty()) {
+		const auto r = parse_size(reserve);
+		if (!r || *r == 0) {
+			log->error("--reserve '{}' is not a size (examples: 512M, 2G)", reserve);
+			return 2;
+		}
+		opts.reserve = *r;
+	}
+	// Test hook: read MemAvailable from another file than /proc/meminfo.
+	if (const char *m = getenv("RDMASWAP_MEMINFO"); m && *m)
+		opts.meminfo = m;
 	opts.capacity = *cap;
 	opts.slab_size = *slab;
 	opts.transport = *kind;

@@ -11,6 +11,7 @@
 #include <list>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <thread>
 
@@ -41,7 +42,15 @@ struct MemserverOptions {
 	bool insecure = false;
 	// From accept to a finished HELLO (AUTH + AUTH_PROOF + HELLO); slower peers are dropped.
 	std::chrono::milliseconds handshake_timeout{5000};
+	// --reserve: keep at least this many bytes of MemAvailable on the host by withdrawing
+	// slabs (0: off). Read from `meminfo` every `reserve_interval`.
+	uint64_t reserve = 0;
+	std::string meminfo = "/proc/meminfo"; // test hook: RDMASWAP_MEMINFO
+	std::chrono::milliseconds reserve_interval{1000};
 };
+
+// MemAvailable in bytes from a /proc/meminfo-format file; nullopt if absent or unreadable.
+std::optional<uint64_t> read_mem_available(const std::string &path);
 
 class Memserver {
 public:
@@ -58,6 +67,10 @@ public:
 	uint16_t port() const { return port_; }
 	bool rdma_enabled() const { return rdma_ != nullptr; }
 	proto::StatsReply stats() const;
+	// Withdraw `bytes` (rounded up to slabs) of capacity: free slabs at once, granted ones
+	// are wanted back from their owners (GIVEBACK; also used by --reserve).
+	proto::GiveBackReply give_back(uint64_t bytes);
+	proto::GiveBackReply give_back_status() const;
 
 	// Called by the TCP and RDMA services when a connection of `session` ends.
 	void leave_session(uint64_t session);
@@ -80,6 +93,9 @@ private:
 	// The VOLUME_LIST reply for `req` (control path: allocates). 0 or an errno.
 	int volume_list(uint64_t session, const proto::VolumeListRequest &req,
 			std::vector<std::byte> &out);
+	// --reserve: withdraw slabs while MemAvailable is below the reserve; take back those it
+	// withdrew once MemAvailable is well above it again.
+	void reserve_loop();
 
 	const MemserverOptions opts_;
 	SlabPool pool_;
@@ -88,6 +104,7 @@ private:
 	uint16_t port_ = 0;
 	std::unique_ptr<RdmaService> rdma_;
 	std::atomic<bool> stop_{false};
+	std::thread reserve_thread_;
 	std::array<LogLimiter, 4> peer_log_{{{10, std::chrono::seconds(10)},
 					     {10, std::chrono::seconds(10)},
 					     {10, std::chrono::seconds(10)},

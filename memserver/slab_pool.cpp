@@ -14,7 +14,7 @@
 namespace rdmaswap {
 
 SlabPool::SlabPool(uint64_t capacity, uint64_t slab_size, bool lock)
-	: capacity_(capacity), slab_size_(slab_size)
+	: capacity_(capacity), slab_size_(slab_size), lock_(lock)
 {
 	if (slab_size < 65536 || (slab_size & (slab_size - 1)) != 0)
 		throw std::runtime_error("slab size must be a power of two of at least 64K");
@@ -47,6 +47,7 @@ SlabPool::SlabPool(uint64_t capacity, uint64_t slab_size, bool lock)
 	}
 	slabs_ = std::make_unique<Slab[]>(nslabs_);
 	free_.reserve(nslabs_);
+	flags_.assign(nslabs_, 0);
 	for (uint32_t i = nslabs_; i-- > 0;)
 		free_.push_back(i);
 }
@@ -93,6 +94,24 @@ bool SlabPool::release(uint32_t id, uint64_t owner)
 	// Accesses that passed the ownership check before we marked the slab finish first.
 	while (slabs_[id].inflight.load() != 0)
 		std::this_thread::yield();
+	bool wanted;
+	{
+		// withdraw() marks slabs under mu_ and skips those being released, so the flag
+		// read here is final.
+		std::lock_guard lock(mu_);
+		wanted = flags_[id] & kWanted;
+		if (wanted)
+			flags_[id] = kTransit;
+	}
+	if (wanted) { // wanted back: out of the pool instead of onto the free list
+		drop_pages(id);
+		slabs_[id].owner.store(0);
+		std::lock_guard lock(mu_);
+		flags_[id] = kWithdrawn;
+		wanted_--;
+		withdrawn_++;
+		return true;
+	}
 	wipe(id);
 	std::lock_guard lock(mu_);
 	slabs_[id].tag = Tag{};
@@ -135,6 +154,102 @@ uint32_t SlabPool::reassign(uint64_t from, uint64_t to)
 		n += slabs_[i].owner.compare_exchange_strong(expected, to);
 	}
 	return n;
+}
+
+void SlabPool::drop_pages(uint32_t id)
+{
+	std::byte *p = slab_base(id);
+	// Locked pages cannot be dropped: unlock first (also undoes mlockall's lock). Anonymous
+	// private pages read as zeros after MADV_DONTNEED, so nothing of the old tenant remains.
+	munlock(p, slab_size_);
+	if (madvise(p, slab_size_, MADV_DONTNEED) != 0)
+		wipe(id); // memory not given back, but the next tenant still gets zeros
+}
+
+SlabPool::Withdrawal SlabPool::withdraw(uint32_t n)
+{
+	std::lock_guard resize(resize_mu_);
+	Withdrawal w;
+	std::vector<uint32_t> drop;
+	{
+		std::lock_guard lock(mu_);
+		while (drop.size() < n && !free_.empty()) {
+			const uint32_t id = free_.back();
+			free_.pop_back();
+			flags_[id] = kTransit;
+			withdrawn_++;
+			drop.push_back(id);
+		}
+		for (uint32_t i = nslabs_; i-- > 0 && drop.size() + w.wanted < n;) {
+			const uint64_t o = slabs_[i].owner.load();
+			if (o == 0 || o == kReleasing || flags_[i] != 0)
+				continue;
+			flags_[i] = kWanted;
+			wanted_++;
+			w.wanted++;
+		}
+	}
+	for (uint32_t id : drop)
+		drop_pages(id);
+	std::lock_guard lock(mu_);
+	for (uint32_t id : drop)
+		flags_[id] = kWithdrawn;
+	w.now = uint32_t(drop.size());
+	return w;
+}
+
+uint32_t SlabPool::restore(uint32_t n)
+{
+	std::lock_guard resize(resize_mu_);
+	std::vector<uint32_t> ids;
+	{
+		std::lock_guard lock(mu_);
+		for (uint32_t i = 0; i < nslabs_ && ids.size() < n; i++)
+			if (flags_[i] == kWithdrawn) {
+				flags_[i] = kTransit;
+				ids.push_back(i);
+			}
+	}
+	uint32_t done = 0;
+	for (uint32_t id : ids) {
+		// Fault the pages in again (zeros) and lock them, as at start.
+		const bool ok = lock_ ? mlock(slab_base(id), slab_size_) == 0
+				      : (wipe(id), true);
+		std::lock_guard lock(mu_);
+		if (!ok) {
+			flags_[id] = kWithdrawn;
+			continue;
+		}
+		flags_[id] = 0;
+		withdrawn_--;
+		free_.push_back(id);
+		done++;
+	}
+	return done;
+}
+
+std::vector<uint32_t> SlabPool::wanted_by(uint64_t owner) const
+{
+	std::vector<uint32_t> v;
+	std::lock_guard lock(mu_);
+	if (wanted_ == 0)
+		return v;
+	for (uint32_t i = 0; i < nslabs_; i++)
+		if ((flags_[i] & kWanted) && slabs_[i].owner.load() == owner)
+			v.push_back(i);
+	return v;
+}
+
+uint32_t SlabPool::slabs_withdrawn() const
+{
+	std::lock_guard lock(mu_);
+	return withdrawn_;
+}
+
+uint32_t SlabPool::slabs_wanted() const
+{
+	std::lock_guard lock(mu_);
+	return wanted_;
 }
 
 bool SlabPool::owns(uint32_t id, uint64_t owner) const

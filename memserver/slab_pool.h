@@ -1,6 +1,7 @@
 // SPDX-License-Identifier: MIT
 // The memserver's memory: its whole capacity mapped, populated and locked at start, cut into
 // slabs that are granted to sessions. Data-path checks are lock-free; grants take a mutex.
+// Slabs can be withdrawn (given back to the host's kernel) and restored later.
 #pragma once
 
 #include <atomic>
@@ -54,6 +55,23 @@ public:
 	// Hand every slab `from` holds to `to` (a session taking over a detached one); their
 	// content and tags are kept. Returns how many.
 	uint32_t reassign(uint64_t from, uint64_t to);
+	// Give-back (control path). Withdraw up to `n` more slabs from the pool: free slabs
+	// first, at once (their pages are unlocked and released to the kernel, and they are
+	// never granted again); then granted slabs are marked *wanted back*: each is withdrawn
+	// when its owner releases it. The caller must have deregistered a wanted slab's RDMA MR
+	// before it is released (as for any release).
+	struct Withdrawal {
+		uint32_t now = 0;    // free slabs withdrawn by this call
+		uint32_t wanted = 0; // granted slabs newly marked wanted back
+	};
+	Withdrawal withdraw(uint32_t n);
+	// Put back up to `n` withdrawn slabs (populated and locked again), free for grants.
+	// Returns how many. Slow (faults in the pages): never on the data path.
+	uint32_t restore(uint32_t n);
+	// The slabs of `owner` that are wanted back (control path).
+	std::vector<uint32_t> wanted_by(uint64_t owner) const;
+	uint32_t slabs_withdrawn() const;
+	uint32_t slabs_wanted() const;
 
 	// Data path. On success returns a pointer to [off, off+len) of slab `id`, which `owner`
 	// holds, and counts an in-flight access that end_access() must close. nullptr if the slab
@@ -68,15 +86,25 @@ private:
 		Tag tag; // guarded by mu_ (control path only)
 	};
 	static constexpr uint64_t kReleasing = ~uint64_t(0);
+	// Give-back state of a slab (flags_, under mu_).
+	static constexpr uint8_t kWanted = 1;    // granted, to be withdrawn at its release
+	static constexpr uint8_t kWithdrawn = 2; // out of the pool, pages released
+	static constexpr uint8_t kTransit = 4;   // out of the pool, being withdrawn or restored
 	void wipe(uint32_t id);
+	// Unlock slab `id`'s pages and give them back to the kernel (they read as zeros after).
+	void drop_pages(uint32_t id);
 
 	uint64_t capacity_;
 	uint64_t slab_size_;
 	uint32_t nslabs_;
 	std::byte *base_ = nullptr;
 	std::unique_ptr<Slab[]> slabs_;
-	mutable std::mutex mu_; // guards free_ and the tags
+	bool lock_;
+	mutable std::mutex mu_; // guards free_, the tags, flags_ and the counts below
 	std::vector<uint32_t> free_;
+	std::vector<uint8_t> flags_;
+	uint32_t withdrawn_ = 0, wanted_ = 0;
+	std::mutex resize_mu_; // serialises withdraw() and restore()
 };
 
 } // namespace rdmaswap

@@ -2,6 +2,7 @@
 // rdmaswapctl: ask memservers for their state.
 #include <sys/stat.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <chrono>
 #include <ctime>
@@ -19,11 +20,41 @@ int usage()
 {
 	std::fprintf(stderr, "usage: rdmaswapctl status [server=HOST[:PORT] ...] [volume=STATUSFILE]\n"
 			     "       [timeout=SECONDS] [auth-key=FILE | insecure=true]\n"
+			     "       rdmaswapctl giveback server=HOST[:PORT] size=SIZE\n"
+			     "       [timeout=SECONDS] [auth-key=FILE | insecure=true]\n"
 			     "  server=  a memserver's capacity, free slabs, sessions, bytes served\n"
 			     "           (needs the cluster key: auth-key=, or insecure=true)\n"
 			     "  volume=  a plugin's statusfile=: its slabs, replicas, degraded/lost\n"
-			     "           slabs, re-replication progress and donors\n");
+			     "           slabs, re-replication progress and donors\n"
+			     "  giveback  withdraw SIZE of a memserver's capacity: free slabs at\n"
+			     "           once, used ones after their clients moved them\n");
 	return 2;
+}
+
+// GIVEBACK: ask one memserver to withdraw `size` bytes of its capacity.
+int give_back(const rdmaswap::Endpoint &ep, uint64_t size, std::chrono::milliseconds timeout,
+	      const std::shared_ptr<const rdmaswap::AuthKey> &auth)
+{
+	using namespace rdmaswap;
+	std::printf("server=%s\n", ep.str().c_str());
+	proto::GiveBackReply r;
+	int err;
+	try {
+		ControlClient c(resolve(ep), timeout, auth);
+		err = c.give_back(size, r);
+	} catch (const std::exception &e) {
+		std::printf("error=%s\n", e.what());
+		return 1;
+	}
+	if (err) {
+		std::printf("error=%s\n", connect_error_text(err).c_str());
+		return 1;
+	}
+	std::printf("withdrawn_now=%u\npending_moves_now=%u\nslabs_withdrawn=%u\n"
+		    "pending_moves=%u\nslabs_total=%u\n",
+		    r.withdrawn_now, r.wanted_now, r.slabs_withdrawn, r.slabs_wanted,
+		    r.slabs_total);
+	return 0;
 }
 
 // Every session of the memserver (VOLUME_LIST sessions, page by page). 0 or errno.
@@ -67,8 +98,11 @@ void print_sessions(const std::vector<rdmaswap::proto::SessionEntry> &v)
 int main(int argc, char **argv)
 {
 	using namespace rdmaswap;
-	if (argc < 2 || std::strcmp(argv[1], "status") != 0)
+	if (argc < 2 ||
+	    (std::strcmp(argv[1], "status") != 0 && std::strcmp(argv[1], "giveback") != 0))
 		return usage();
+	const bool giveback = std::strcmp(argv[1], "giveback") == 0;
+	uint64_t giveback_size = 0;
 	std::vector<Endpoint> servers;
 	std::vector<std::string> volumes;
 	std::chrono::milliseconds timeout{5000};
@@ -86,7 +120,15 @@ int main(int argc, char **argv)
 				return 2;
 			}
 			servers.push_back(*ep);
-		} else if (key == "volume") {
+		} else if (key == "size" && giveback) {
+			const auto sz = parse_size(value);
+			if (!sz || *sz == 0) {
+				std::fprintf(stderr, "rdmaswapctl: bad size '%s' (examples: 512M, 2G)\n",
+					     value.c_str());
+				return 2;
+			}
+			giveback_size = *sz;
+		} else if (key == "volume" && !giveback) {
 			volumes.push_back(value);
 		} else if (key == "auth-key") {
 			try {
@@ -115,11 +157,17 @@ int main(int argc, char **argv)
 	}
 	if (servers.empty() && volumes.empty())
 		return usage();
+	if (giveback && (servers.size() != 1 || giveback_size == 0)) {
+		std::fprintf(stderr, "rdmaswapctl: giveback needs one server= and size=\n");
+		return 2;
+	}
 	if (!servers.empty() && !auth && !insecure) {
 		std::fprintf(stderr, "rdmaswapctl: server= needs auth-key=FILE (the cluster key), or "
 				     "insecure=true for a memserver run with --insecure\n");
 		return 2;
 	}
+	if (giveback)
+		return give_back(servers[0], giveback_size, timeout, auth);
 	int rc = 0;
 	for (const auto &path : volumes) {
 		std::printf("volume=%s\n", path.c_str());
@@ -147,11 +195,14 @@ int main(int argc, char **argv)
 	for (const auto &ep : servers) {
 		std::printf("server=%s\n", ep.str().c_str());
 		proto::StatsReply s;
+		proto::GiveBackReply g;
 		std::vector<proto::SessionEntry> sessions;
 		int err;
 		try {
 			ControlClient c(resolve(ep), timeout, auth);
 			err = c.stats(s);
+			if (!err)
+				err = c.give_back_status(g);
 			if (!err)
 				err = list_sessions(c, sessions);
 		} catch (const std::exception &e) {
@@ -164,13 +215,18 @@ int main(int argc, char **argv)
 			rc = 1;
 			continue;
 		}
+		// Withdrawn slabs are given back to the host: neither free nor used.
 		std::printf("capacity=%llu\nslab_size=%llu\nslabs_total=%u\nslabs_free=%u\n"
-			    "slabs_used=%u\nsessions=%u\nconnections=%u\n"
+			    "slabs_used=%u\nslabs_withdrawn=%u\nbytes_withdrawn=%llu\n"
+			    "pending_moves=%u\nsessions=%u\nconnections=%u\n"
 			    "tcp_read_ops=%llu\ntcp_read_bytes=%llu\n"
 			    "tcp_write_ops=%llu\ntcp_write_bytes=%llu\nrdma_qps=%u\n"
 			    "rdma_sessions=%u\n",
 			    (unsigned long long)s.capacity, (unsigned long long)s.slab_size,
-			    s.slabs_total, s.slabs_free, s.slabs_total - s.slabs_free, s.sessions,
+			    s.slabs_total, s.slabs_free,
+			    s.slabs_total - std::min(s.slabs_total, s.slabs_free + g.slabs_withdrawn),
+			    g.slabs_withdrawn, (unsigned long long)(g.slabs_withdrawn * s.slab_size),
+			    g.slabs_wanted, s.sessions,
 			    s.connections, (unsigned long long)s.tcp_read_ops,
 			    (unsigned long long)s.tcp_read_bytes, (unsigned long long)s.tcp_write_ops,
 			    (unsigned long long)s.tcp_write_bytes, s.rdma_qps, s.rdma_sessions);

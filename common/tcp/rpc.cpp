@@ -332,4 +332,32 @@ int ControlClient::sessions(uint64_t start, std::vector<proto::SessionEntry> &ou
 	return 0;
 }
 
+int ControlClient::give_back(uint64_t bytes, proto::GiveBackReply &out)
+{
+	std::lock_guard lock(mu_);
+	std::array<std::byte, proto::kGiveBackRequestSize> body;
+	proto::encode(proto::GiveBackRequest{bytes}, body);
+	std::array<std::byte, proto::kGiveBackReplySize> reply;
+	if (int r = call(proto::Op::GiveBack, body, reply))
+		return r;
+	if (!proto::decode(reply, out).ok) {
+		fd_.reset();
+		return EPROTO;
+	}
+	return 0;
+}
+
+int ControlClient::give_back_status(proto::GiveBackReply &out)
+{
+	std::lock_guard lock(mu_);
+	std::array<std::byte, proto::kGiveBackReplySize> reply;
+	if (int r = call(proto::Op::GiveBackStatus, {}, reply))
+		return r;
+	if (!proto::decode(reply, out).ok) {
+		fd_.reset();
+		return EPROTO;
+	}
+	return 0;
+}
+
 } // namespace rdmaswap

@@ -62,6 +62,10 @@ public:
 	// (allocates).
 	int volume_list(proto::ListWhat what, uint64_t start, std::vector<proto::VolumeEntry> &out);
 	int sessions(uint64_t start, std::vector<proto::SessionEntry> &out);
+	// Give-back (no session needed): withdraw `bytes` of the server's capacity, or only
+	// report how much is withdrawn and pending. 0 or errno.
+	int give_back(uint64_t bytes, proto::GiveBackReply &reply);
+	int give_back_status(proto::GiveBackReply &reply);
 
 	// True after a call failed in a way that leaves its outcome unknown (the request may
 	// have been executed by the server: timeout, connection lost). Cleared by the caller.

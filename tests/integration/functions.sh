@@ -251,3 +251,23 @@ start_nbdkit() {
 nbdsh_run() {
     timeout "${NBDSH_TIMEOUT:-50}" nbdsh "$@"
 }
+
+# proc_kb PID FIELD: a kB field of /proc/PID/status (VmLck, VmRSS, ...), as a number.
+proc_kb() {
+    awk -v f="$2:" '$1 == f { print $2 }' "/proc/$1/status"
+}
+
+# ctl_giveback PORT SIZE: `rdmaswapctl giveback` to the memserver on 127.0.0.1:PORT.
+ctl_giveback() {
+    timeout 10 "$RDMASWAPCTL" giveback "server=127.0.0.1:$1" "size=$2" "${CTL_AUTH:-auth-key=$AUTH_KEY}"
+}
+
+# expect_rss_drop PID BEFORE_KB MIB: fail unless the VmRSS of PID is at least 90% of MIB MiB
+# below BEFORE_KB (memory given back to the kernel).
+expect_rss_drop() {
+    local after
+    after=$(proc_kb "$1" VmRSS)
+    log "pid $1 VmRSS $2 kB -> $after kB (expected about $3 MiB less)"
+    (($2 - after >= $3 * 1024 * 9 / 10)) ||
+        fail "resident memory of pid $1 shrank by only $(($2 - after)) kB, expected ~$(($3 * 1024)) kB"
+}

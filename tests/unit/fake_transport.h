@@ -15,6 +15,7 @@
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <set>
 #include <span>
 #include <stdexcept>
 #include <string>
@@ -53,6 +54,8 @@ struct FakeBackend {
 	std::atomic<bool> bound{false};
 	std::atomic<bool> reattach{false};
 	std::atomic<int> tag_error{0};       // set_tag / set_floor return this when non-zero
+	std::atomic<int> wanted_error{0};    // wanted_slabs returns this (a hung donor: EAGAIN)
+	std::atomic<uint64_t> wanted_polls{0};
 
 	// Counters.
 	std::atomic<uint64_t> allocs{0}, frees{0}, free_calls{0};
@@ -65,7 +68,16 @@ struct FakeBackend {
 	std::map<uint32_t, std::pair<uint64_t, uint64_t>> tags; // id -> (chunk, epoch)
 	std::map<uint64_t, uint64_t> floors;                    // chunk -> epoch
 	uint32_t next_id = 1000;
+	std::set<uint32_t> wanted; // give-back: slabs this server wants back
 	std::vector<std::string> violations;
+
+	// Give-back: want every slab granted now back.
+	void want_all()
+	{
+		std::lock_guard lock(mu);
+		for (auto &[id, bytes] : slabs)
+			wanted.insert(id);
+	}
 
 	void violation(const std::string &what)
 	{
@@ -275,12 +287,24 @@ public:
 			return e;
 		std::lock_guard lock(b_->mu);
 		b_->tags.erase(id);
+		b_->wanted.erase(id);
 		if (!b_->slabs.erase(id)) {
 			b_->violations.push_back(b_->name + ": free of slab " + std::to_string(id) +
 						 " that is not granted");
 			return EINVAL;
 		}
 		b_->frees++;
+		return 0;
+	}
+	int wanted_slabs(std::vector<uint32_t> &ids) override
+	{
+		b_->wanted_polls++;
+		if (b_->lost.load())
+			return EIO;
+		if (int e = b_->wanted_error.load())
+			return e;
+		std::lock_guard lock(b_->mu);
+		ids.assign(b_->wanted.begin(), b_->wanted.end());
 		return 0;
 	}
 	int stats(proto::StatsReply &out) override

@@ -12,6 +12,9 @@
 #include <thread>
 #include <vector>
 
+#include <sys/mman.h>
+#include <unistd.h>
+
 #include "memserver/slab_pool.h"
 
 using namespace rdmaswap;
@@ -299,4 +302,113 @@ TEST_CASE("slab pool: release waits for in-flight access and locks the owner out
 			CHECK(pool.slabs_free() == 16);
 		}
 	}
+}
+
+namespace {
+// Resident pages of [p, p+len) (mincore).
+size_t resident_pages(const std::byte *p, size_t len)
+{
+	const size_t pg = size_t(sysconf(_SC_PAGESIZE));
+	std::vector<unsigned char> v((len + pg - 1) / pg);
+	if (mincore(const_cast<std::byte *>(p), len, v.data()) != 0)
+		return size_t(-1);
+	return size_t(std::count_if(v.begin(), v.end(), [](unsigned char c) { return c & 1; }));
+}
+} // namespace
+
+TEST_CASE("slab pool: give-back withdraws free slabs first, then wants granted ones back",
+	  "[slab_pool][giveback]")
+{
+	SlabPool pool(1 * MiB, 64 * KiB, false); // 16 slabs
+	std::vector<uint32_t> mine;
+	for (int i = 0; i < 10; i++)
+		mine.push_back(*pool.allocate(7));
+	std::memset(pool.slab_base(mine[0]), 0xab, 64 * KiB);
+	CHECK(pool.slabs_free() == 6);
+
+	// 4 free slabs go at once; nothing granted is touched.
+	auto w = pool.withdraw(4);
+	CHECK(w.now == 4);
+	CHECK(w.wanted == 0);
+	CHECK(pool.slabs_free() == 2);
+	CHECK(pool.slabs_withdrawn() == 4);
+	CHECK(pool.slabs_wanted() == 0);
+	CHECK(pool.wanted_by(7).empty());
+
+	// 5 more: the last 2 free ones, then 3 granted ones are wanted back (still served).
+	w = pool.withdraw(5);
+	CHECK(w.now == 2);
+	CHECK(w.wanted == 3);
+	CHECK(pool.slabs_free() == 0);
+	CHECK(pool.slabs_withdrawn() == 6);
+	CHECK(pool.slabs_wanted() == 3);
+	const auto wanted = pool.wanted_by(7);
+	REQUIRE(wanted.size() == 3);
+	CHECK(pool.wanted_by(8).empty());
+	for (uint32_t id : wanted) {
+		CHECK(pool.owns(id, 7));
+		std::byte *p = pool.begin_access(id, 7, 0, 4096);
+		CHECK(p != nullptr); // a wanted slab is still served to its owner
+		if (p)
+			pool.end_access(id);
+	}
+	CHECK_FALSE(pool.allocate(9).has_value()); // withdrawn slabs are never granted
+
+	// Releasing a wanted slab withdraws it (no longer free, pages gone, zeros).
+	std::memset(pool.slab_base(wanted[0]), 0xcd, 64 * KiB);
+	CHECK(pool.release(wanted[0], 7));
+	CHECK(pool.slabs_wanted() == 2);
+	CHECK(pool.slabs_withdrawn() == 7);
+	CHECK(pool.slabs_free() == 0);
+	CHECK(resident_pages(pool.slab_base(wanted[0]), 64 * KiB) == 0);
+	CHECK(all_bytes(pool.slab_base(wanted[0]), 64 * KiB, std::byte{0}));
+
+	// Releasing a slab that is not wanted puts it on the free list as before.
+	uint32_t plain = 0;
+	for (uint32_t id : mine)
+		if (std::find(wanted.begin(), wanted.end(), id) == wanted.end())
+			plain = id;
+	CHECK(pool.release(plain, 7));
+	CHECK(pool.slabs_free() == 1);
+
+	// The owner's session ends: its remaining wanted slabs are withdrawn too.
+	pool.release_all(7);
+	CHECK(pool.slabs_wanted() == 0);
+	CHECK(pool.slabs_withdrawn() == 9);
+	CHECK(pool.slabs_free() == 7);
+
+	// More than there is: everything left is withdrawn, and asking again is a no-op.
+	w = pool.withdraw(100);
+	CHECK(w.now == 7);
+	CHECK(w.wanted == 0);
+	CHECK(pool.slabs_withdrawn() == 16);
+	w = pool.withdraw(1);
+	CHECK(w.now == 0);
+	CHECK(w.wanted == 0);
+
+	// Restore: slabs come back zeroed and can be granted again.
+	CHECK(pool.restore(3) == 3);
+	CHECK(pool.slabs_withdrawn() == 13);
+	CHECK(pool.slabs_free() == 3);
+	auto id = pool.allocate(5);
+	REQUIRE(id);
+	CHECK(all_bytes(pool.slab_base(*id), 64 * KiB, std::byte{0}));
+	CHECK(pool.restore(100) == 13);
+	CHECK(pool.slabs_withdrawn() == 0);
+	CHECK(pool.slabs_free() == 15);
+}
+
+TEST_CASE("slab pool: withdrawing a free slab releases its pages", "[slab_pool][giveback]")
+{
+	SlabPool pool(1 * MiB, 256 * KiB, false); // 4 slabs, populated at start
+	const size_t pages = 256 * KiB / size_t(sysconf(_SC_PAGESIZE));
+	size_t before = 0;
+	for (uint32_t i = 0; i < 4; i++)
+		before += resident_pages(pool.slab_base(i), 256 * KiB);
+	CHECK(before == 4 * pages);
+	CHECK(pool.withdraw(2).now == 2);
+	size_t after = 0;
+	for (uint32_t i = 0; i < 4; i++)
+		after += resident_pages(pool.slab_base(i), 256 * KiB);
+	CHECK(after == 2 * pages);
 }

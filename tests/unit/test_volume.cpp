@@ -1066,3 +1066,185 @@ TEST_CASE("volume: a restart that finds only a replica older than its floor read
 	CHECK(good == 4 - on_b.size());
 	CHECK(v2->stats().lost == on_b.size());
 }
+
+namespace {
+// Wait (bounded) until `cond` holds; the repair thread runs every few milliseconds.
+template <typename F> bool eventually(F cond, std::chrono::milliseconds limit = std::chrono::seconds(20))
+{
+	const auto end = std::chrono::steady_clock::now() + limit;
+	while (!cond()) {
+		if (std::chrono::steady_clock::now() > end)
+			return false;
+		std::this_thread::sleep_for(std::chrono::milliseconds(5));
+	}
+	return true;
+}
+} // namespace
+
+TEST_CASE("volume: give-back moves wanted slabs to other donors while I/O goes on",
+	  "[volume][giveback]")
+{
+	quiet();
+	const unsigned replicas = GENERATE(1u, 2u);
+	INFO("replicas=" << replicas);
+	std::vector<std::shared_ptr<FakeBackend>> bs{backend("a", 64), backend("b", 64),
+						     backend("c", 64)};
+	auto o = opts(24 * SS, 2, 64 * KiB);
+	o.replicas = replicas;
+	o.repair_interval = std::chrono::milliseconds(5);
+	auto v = make_volume(bs, o);
+	Bytes shadow(24 * SS);
+	REQUIRE(write_shadow(*v, shadow, pattern(24 * SS, 1), 0) == 0);
+	REQUIRE(eventually([&] { return v->stats().degraded == 0; }));
+	const size_t on_a = bs[0]->live_slabs();
+	REQUIRE(on_a > 0);
+
+	// A writer keeps changing the data while donor a wants all its slabs back.
+	std::atomic<bool> stop{false};
+	std::atomic<int> write_errors{0};
+	std::mutex shadow_mu;
+	std::thread writer([&] {
+		for (uint64_t i = 0; !stop.load(); i++) {
+			const uint64_t off = (i * 7919 * 4096) % (24 * SS - 8192);
+			const Bytes d = pattern(8192, 100 + i);
+			std::lock_guard lock(shadow_mu);
+			if (write_shadow(*v, shadow, d, off) != 0)
+				write_errors++;
+		}
+	});
+	bs[0]->want_all();
+	const bool moved = eventually([&] { return bs[0]->live_slabs() == 0; });
+	stop = true;
+	writer.join();
+	CHECK(moved);
+	CHECK(write_errors == 0);
+	CHECK(bs[0]->frees.load() == on_a); // freed by the client, after the move
+	const VolumeStats st = v->stats();
+	CHECK(st.migrated == on_a);
+	CHECK(st.migrate_bytes == on_a * SS);
+	CHECK(v->status_text().find("migrate_ms=") != std::string::npos);
+	CHECK(st.lost == 0);
+	CHECK(st.degraded == 0);
+	CHECK(st.slabs_live == 24);
+	// Every slab still has `replicas` copies, on b and c only, never two on one donor.
+	CHECK(bs[1]->live_slabs() + bs[2]->live_slabs() == 24 * replicas);
+	if (replicas == 2) {
+		CHECK(bs[1]->live_slabs() == 24);
+		CHECK(bs[2]->live_slabs() == 24);
+	}
+	CHECK(compare_all(*v, shadow) == -1);
+	CHECK(v->status_text().find("migrated=" + std::to_string(on_a) + "\n") != std::string::npos);
+	check_no_violations(bs);
+}
+
+TEST_CASE("volume: give-back with nowhere to move keeps the slabs and their data",
+	  "[volume][giveback]")
+{
+	quiet();
+	// Donor b is full: nothing can move off a.
+	std::vector<std::shared_ptr<FakeBackend>> bs{backend("a", 64), backend("b", 64)};
+	bs[1]->alloc_error = ENOSPC;
+	auto o = opts(8 * SS, 2, 64 * KiB);
+	o.repair_interval = std::chrono::milliseconds(5);
+	auto v = make_volume(bs, o);
+	Bytes shadow(8 * SS);
+	REQUIRE(write_shadow(*v, shadow, pattern(8 * SS, 3), 0) == 0);
+	bs[0]->want_all();
+	CHECK(eventually([&] { return v->stats().migrate_pending == 8; }));
+	CHECK(bs[0]->live_slabs() == 8);
+	CHECK(bs[0]->frees.load() == 0); // never free a slab still in use
+	CHECK(v->stats().migrated == 0);
+	CHECK(compare_all(*v, shadow) == -1);
+	// Room appears: the slabs move.
+	bs[1]->alloc_error = 0;
+	CHECK(eventually([&] { return bs[0]->live_slabs() == 0; }));
+	CHECK(eventually([&] { return v->stats().migrate_pending == 0; }));
+	CHECK(v->stats().migrated == 8);
+	CHECK(compare_all(*v, shadow) == -1);
+	check_no_violations(bs);
+}
+
+TEST_CASE("volume: a donor that fails the give-back poll is not asked again during its cooldown",
+	  "[volume][giveback]")
+{
+	quiet();
+	std::vector<std::shared_ptr<FakeBackend>> bs{backend("a", 64), backend("b", 64)};
+	auto o = opts(8 * SS, 2, 64 * KiB);
+	o.repair_interval = std::chrono::milliseconds(5);
+	o.down_cooldown = std::chrono::seconds(60);
+	auto v = make_volume(bs, o);
+	Bytes shadow(8 * SS);
+	REQUIRE(write_shadow(*v, shadow, pattern(8 * SS, 9), 0) == 0);
+	REQUIRE(eventually([&] { return bs[0]->wanted_polls.load() > 3; }));
+	bs[0]->wanted_error = EAGAIN;
+	const uint64_t before = bs[0]->wanted_polls.load();
+	REQUIRE(eventually([&] { return bs[1]->wanted_polls.load() > before + 20; }));
+	CHECK(bs[0]->wanted_polls.load() <= before + 2); // one failed poll, then cooldown
+	// I/O goes on.
+	CHECK(compare_all(*v, shadow) == -1);
+	check_no_violations(bs);
+}
+
+TEST_CASE("volume: give-back passes over a donor that turns out full", "[volume][giveback]")
+{
+	quiet();
+	std::vector<std::shared_ptr<FakeBackend>> bs{backend("a", 64), backend("b", 64),
+						     backend("c", 64)};
+	bs[1]->alloc_error = ENOSPC; // reports free slabs, but has none
+	bs[2]->alloc_error = ENOSPC;
+	auto o = opts(16 * SS, 2, 64 * KiB);
+	o.repair_interval = std::chrono::milliseconds(100);
+	auto v = make_volume(bs, o);
+	Bytes shadow(16 * SS);
+	REQUIRE(write_shadow(*v, shadow, pattern(16 * SS, 21), 0) == 0);
+	REQUIRE(bs[0]->live_slabs() == 16);
+	bs[2]->alloc_error = 0;
+	bs[0]->want_all();
+	// b's refusal sends each slab on to c: no move is ever left pending (a pass's count stays
+	// visible until the next pass, 100 ms later).
+	uint64_t max_pending = 0;
+	CHECK(eventually([&] {
+		max_pending = std::max(max_pending, v->stats().migrate_pending);
+		return bs[0]->live_slabs() == 0;
+	}));
+	CHECK(max_pending == 0);
+	CHECK(bs[2]->live_slabs() == 16);
+	CHECK(v->stats().migrated == 16);
+	CHECK(compare_all(*v, shadow) == -1);
+	check_no_violations(bs);
+}
+
+TEST_CASE("volume: slabs moved by a give-back carry their epoch: a restart reattaches them",
+	  "[volume][giveback][reattach]")
+{
+	const auto bs = bound_backends();
+	const auto o = reattach_opts(8 * SS, std::chrono::milliseconds(5));
+	Bytes shadow(8 * SS);
+	size_t moved = 0;
+	{
+		auto v = make_volume(bs, o);
+		REQUIRE(write_shadow(*v, shadow, pattern(8 * SS, 31), 0) == 0);
+		moved = bs[0]->live_slabs();
+		REQUIRE(moved > 0);
+		bs[0]->want_all();
+		REQUIRE(eventually([&] { return bs[0]->live_slabs() == 0; }));
+		CHECK(v->stats().migrated == moved);
+		// No copy is left tagged with epoch 0 (incomplete) on the new donors.
+		for (size_t k : {size_t(1), size_t(2)}) {
+			std::lock_guard lock(bs[k]->mu);
+			for (auto &[id, t] : bs[k]->tags)
+				CHECK(t.second != 0);
+		}
+		CHECK(compare_all(*v, shadow) == -1);
+	}
+	for (auto &b : bs)
+		b->reattach = true;
+	auto v2 = make_volume(bs, o);
+	const VolumeStats st = v2->stats();
+	CHECK(st.reattached == 8);
+	CHECK(st.reattach_stale == 0);
+	CHECK(st.lost == 0);
+	CHECK(st.degraded == 0);
+	CHECK(compare_all(*v2, shadow) == -1);
+	check_no_violations(bs);
+}
