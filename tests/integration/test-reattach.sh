@@ -66,6 +66,9 @@ killed | repaired)
 	fi
 	;;
 stale)
+	# Placement decides how many chunks have a replica on the victim (about a third of 96).
+	on_victim=$(used_total "${ports[$victim]}")
+	[ "$on_victim" -gt 0 ] || fail "placement put no replica on the donor to hang"
 	kill -STOP "${pids[$victim]}"
 	log "donor on port ${ports[$victim]} hung (SIGSTOP); rewriting everything"
 	seed=8
@@ -75,11 +78,11 @@ stale)
 	"$PYTHON" "$(dirname "$0")/fio-check.py" "$tmpdir/fio1b.json" 0 $((48 << 20)) ||
 		fail "fio rewrite: see above"
 	# Every chunk with a replica on the hung donor was written: its epoch went up.
-	raised_all() { [ "$(vol_get epoch_raises)" -ge 32 ]; }
+	raised_all() { [ "$(vol_get epoch_raises)" -ge "$on_victim" ]; }
 	raised_all || sleep 2 # the status file is rewritten every second
 	raised_all || { cat "$tmpdir/status" >&2; fail "epochs not raised while a donor missed writes"; }
 	raised=$(vol_get epoch_raises)
-	log "epoch raised on $raised chunks while the donor was hung"
+	log "epoch raised on $raised chunks while the donor holding $on_victim of them was hung"
 	;;
 esac
 
