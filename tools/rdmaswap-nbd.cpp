@@ -10,6 +10,9 @@
 //   reconnect  waits (bounded) for the server's socket, handshake(s), checks that the export
 //              still matches the device (size, read-only, flush, trim, multi-conn), then
 //              NBD_CMD_RECONFIGURE with the new sockets; the kernel puts each in a dead slot.
+//              With --statusfile (the plugin's statusfile=), it first waits for the restarted
+//              plugin to write it and refuses when the plugin took nothing over (reattached=0):
+//              the device would read zeros where the kernel's swapped-out pages were.
 //   disconnect NBD_CMD_DISCONNECT.
 // connect and reconnect lock themselves in memory (mlockall) and set oom_score_adj -1000 first:
 // they run while the swap device may be stalled, and must not need swap to finish.
@@ -21,6 +24,7 @@
 #include <linux/netlink.h>
 #include <sys/mman.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <sys/un.h>
 #include <unistd.h>
 
@@ -107,6 +111,7 @@ struct Options {
 	std::string socket;
 	std::string device;
 	std::string exportname;
+	std::string statusfile;
 	unsigned connections = 1;
 	uint64_t block_size = 4096;
 	uint64_t dead_conn_timeout = 60;
@@ -567,12 +572,50 @@ void check_same_export(uint32_t index, const Options &o, const Export &ex)
 		     "'s (queue/discard_max_bytes: " + *dmax + "): refusing to reconnect");
 }
 
+// The restarted plugin's statusfile= must be written after our handshake (the plugin rewrites
+// it every second; an older file may be the dead nbdkit's) and say reattached= > 0.
+void check_reattached(const Options &o)
+{
+	timespec after{};
+	::clock_gettime(CLOCK_REALTIME, &after);
+	const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(o.wait + 5);
+	for (;;) {
+		struct stat st{};
+		if (::stat(o.statusfile.c_str(), &st) == 0 &&
+		    (st.st_mtim.tv_sec > after.tv_sec ||
+		     (st.st_mtim.tv_sec == after.tv_sec && st.st_mtim.tv_nsec > after.tv_nsec))) {
+			FILE *f = std::fopen(o.statusfile.c_str(), "re");
+			if (!f)
+				fail("reading the plugin's status file " + o.statusfile, errno);
+			char line[256];
+			std::optional<unsigned long long> n;
+			while (std::fgets(line, sizeof(line), f))
+				if (std::strncmp(line, "reattached=", 11) == 0)
+					n = std::strtoull(line + 11, nullptr, 10);
+			std::fclose(f);
+			if (!n)
+				fail("the plugin's status file " + o.statusfile + " has no reattached= line (volume= not set?)");
+			if (*n == 0)
+				fail("the restarted plugin took nothing over from the memservers (reattached=0 in " +
+				     o.statusfile + "; lease expired, another volume=, or the memservers restarted): "
+				     "the swapped-out pages are gone and the device would read zeros; refusing to reconnect");
+			return;
+		}
+		if (std::chrono::steady_clock::now() >= deadline)
+			fail("the plugin's status file " + o.statusfile + " was not rewritten within " +
+			     std::to_string(o.wait + 5) + " s of the handshake (statusfile= of this nbdkit?)");
+		std::this_thread::sleep_for(std::chrono::milliseconds(100));
+	}
+}
+
 int do_reconnect(const Options &o)
 {
 	Attach a;
 	prepare(o, a);
 	const Export &ex = a.ex;
 	check_same_export(a.index, o, ex);
+	if (!o.statusfile.empty())
+		check_reattached(o);
 	Msg m(a.family, 0, NBD_CMD_RECONFIGURE, NBD_GENL_VERSION);
 	m.u32(NBD_ATTR_INDEX, a.index);
 	add_sockets(m, a.socks);
@@ -611,7 +654,7 @@ int usage(FILE *out)
 		     "                    [--block-size BYTES] [--dead-conn-timeout SECONDS]\n"
 		     "                    [--timeout SECONDS] [--export NAME] [--wait SECONDS]\n"
 		     "       rdmaswap-nbd reconnect --socket PATH --device /dev/nbdN [--connections N]\n"
-		     "                    [--export NAME] [--wait SECONDS]\n"
+		     "                    [--export NAME] [--wait SECONDS] [--statusfile PATH]\n"
 		     "       rdmaswap-nbd disconnect --device /dev/nbdN\n"
 		     "  --socket PATH              the NBD server's Unix socket (nbdkit -U PATH)\n"
 		     "  --device /dev/nbdN         the kernel's NBD device\n"
@@ -624,6 +667,8 @@ int usage(FILE *out)
 		     "                             dead and is requeued (default 30; 0 = never)\n"
 		     "  --export NAME              the export name (default \"\")\n"
 		     "  --wait SECONDS             how long to wait for the socket to accept (default 60)\n"
+		     "  --statusfile PATH          reconnect: the plugin's statusfile=; refuse when the\n"
+		     "                             restarted plugin took nothing over (reattached=0)\n"
 		     "  --help                     this text\n"
 		     "exit status: 0 done, 1 failed, 2 usage\n");
 	return out == stdout ? 0 : 2;
@@ -677,6 +722,8 @@ int parse(int argc, char **argv, Options &o)
 			ok = parse_u64(v, n, 64) && n >= 1, o.connections = unsigned(n);
 		else if (a == "--wait" && any)
 			ok = parse_u64(v, n, 3600), o.wait = unsigned(n);
+		else if (a == "--statusfile" && o.command == "reconnect")
+			o.statusfile = v;
 		else if (a == "--block-size" && conn)
 			ok = parse_u64(v, o.block_size, 65536) && o.block_size >= 512 &&
 			     !(o.block_size & (o.block_size - 1));
