@@ -63,7 +63,7 @@ usage: run-vm-test.sh [--mode rdma|tcp|memory|kill|pressure|twohost] [--bench] [
   --swapload-args S extra swapload arguments (e.g. "--inject zero" to see a FAIL)
   --min-pswpout N   pages of pswpout required of a cgroup run (default N*200, i.e. 200 MiB for
                     256 MiB; with another --cg-max 3/4 of N minus memory.max)
-  --conns N         nbd-client -C N (default 1)
+  --conns N         nbd-client -C N (default 1); reconnect runs: rdmaswap-nbd --connections N
   --kill-transport T  transport of --mode kill: rdma (default) or tcp
   --stats           put nbdkit's stats filter in front of the plugin and print its report
   --timeout S       wall-clock limit for the VM (default 600 s; --bench, --runs, pressure:
