@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # SPDX-License-Identifier: MIT
 # `meson install --destdir` lays everything out where it belongs: the plugin in nbdkit's
-# plugindir, the memserver in sbin, rdmaswapctl in bin, the helper in libexec, the systemd
+# plugindir, the memserver and rdmaswap-nbd in sbin, rdmaswapctl in bin, the helper in libexec, the systemd
 # units, the example configs and the man pages; no test program is installed. The installed
 # programs run from there (no build-tree rpath needed): nbdkit --dump-plugin with the installed
 # plugin, rdmaswap-memserver --help, rdmaswapctl against a live memserver.
@@ -15,6 +15,7 @@ expect=(
     "$PLUGINDIR/nbdkit-rdmaswap-plugin.so"
     "$SBINDIR/rdmaswap-memserver"
     "$BINDIR/rdmaswapctl"
+    "$SBINDIR/rdmaswap-nbd"
     "$LIBEXECDIR/rdmaswap-compute"
     "$UNITDIR/rdmaswap-memserver.service"
     "$UNITDIR/rdmaswap-nbdkit.service"
@@ -24,11 +25,13 @@ expect=(
     "$MANDIR/man1/nbdkit-rdmaswap-plugin.1"
     "$MANDIR/man8/rdmaswap-memserver.8"
     "$MANDIR/man8/rdmaswapctl.8"
+    "$MANDIR/man8/rdmaswap-nbd.8"
 )
 for f in "${expect[@]}"; do
     [[ -f $DEST$f ]] || fail "not installed: $f"
 done
-for f in "$SBINDIR/rdmaswap-memserver" "$BINDIR/rdmaswapctl" "$LIBEXECDIR/rdmaswap-compute"; do
+for f in "$SBINDIR/rdmaswap-memserver" "$BINDIR/rdmaswapctl" "$SBINDIR/rdmaswap-nbd" \
+    "$LIBEXECDIR/rdmaswap-compute"; do
     [[ -x $DEST$f ]] || fail "not executable: $f"
 done
 # Nothing else: in particular no test binary or test shim.

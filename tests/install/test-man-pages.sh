@@ -2,14 +2,17 @@
 # SPDX-License-Identifier: MIT
 # The man pages format without a single groff warning, the plugin's page has nbdkit's section
 # order, and the pages document exactly what the programs offer: every plugin parameter in the
-# plugin's config help, every memserver option in its --help, every key rdmaswapctl prints.
+# plugin's config help, every memserver option in its --help, every key rdmaswapctl prints,
+# every rdmaswap-nbd option in its --help.
 set -euo pipefail
 source "$(dirname "$0")/../integration/functions.sh"
 requires groff --version
 requires nbdkit --version
 requires_build memserver plugin ctl
 mandir=$RDMASWAP_BUILD/docs/man
-pages=(nbdkit-rdmaswap-plugin.1 rdmaswap-memserver.8 rdmaswapctl.8)
+pages=(nbdkit-rdmaswap-plugin.1 rdmaswap-memserver.8 rdmaswapctl.8 rdmaswap-nbd.8)
+NBDTOOL=$RDMASWAP_BUILD/tools/rdmaswap-nbd
+[[ -x $NBDTOOL ]] || fail "not built: $NBDTOOL"
 
 # render PAGE: the page as plain ASCII text, 80 columns.
 render() { groff -man -Tascii -rLL=80n -P-cbou "$mandir/$1"; }
@@ -50,6 +53,16 @@ documented=$(section rdmaswap-memserver.8 OPTIONS | grep -o -- '^       --[a-z][
     sed 's/^ *//' | sort -u)
 [[ $opts == "$documented" ]] ||
     fail "memserver options: --help has [$(words "$opts")], the page documents [$(words "$documented")]"
+
+# Every rdmaswap-nbd option is documented under OPTIONS, and the page has the sections it needs.
+opts=$(timeout 10 "$NBDTOOL" --help | grep -o -- '--[a-z][a-z-]*' | sort -u)
+documented=$(section rdmaswap-nbd.8 OPTIONS | grep -o -- '^       --[a-z][a-z-]*' |
+    sed 's/^ *//' | sort -u)
+[[ -n $opts && $opts == "$documented" ]] ||
+    fail "rdmaswap-nbd options: --help has [$(words "$opts")], the page documents [$(words "$documented")]"
+sections=$(render rdmaswap-nbd.8 | grep -E '^[A-Z][A-Z ]+$' | paste -sd' ' -)
+[[ $sections == "NAME SYNOPSIS DESCRIPTION OPTIONS EXIT STATUS EXAMPLES NOTES SEE ALSO" ]] ||
+    fail "rdmaswap-nbd.8 sections: $sections"
 
 # Every key rdmaswapctl status prints is documented under OUTPUT.
 start_memserver 4M 1M

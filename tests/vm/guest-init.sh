@@ -64,6 +64,13 @@ REA_MIB=32             # reattach runs: MiB written before nbdkit is killed
 REA_VOLUME=vmtest      # reattach/persist runs: the plugin's volume=
 REA_VOLUME2=""         # reattach/persist runs: volume= of the restarted nbdkit (default REA_VOLUME)
 REA_LEASE=60           # reattach/persist runs: the plugin's lease=
+REC_MIB=96             # reconnect runs: swapload's working set (MiB)
+REC_SIZE=128M          # reconnect runs: each memserver's --capacity and the plugin's size=
+REC_SLAB=16M           # reconnect runs: each memserver's --slab-size
+REC_DEAD=60            # reconnect runs: rdmaswap-nbd connect --dead-conn-timeout
+REC_TIMEOUT=20         # reconnect runs: rdmaswap-nbd connect --timeout (in-flight requests at
+                       # the kill are requeued after this long)
+REC_SKIP=0             # reconnect runs: 1 = no rdmaswap-nbd reconnect (the run must then FAIL)
 MS_WRAP=""             # command words before rdmaswap-memserver (alloc runs: env LD_PRELOAD=...)
 NBDKIT_WRAP=""         # command words before nbdkit (alloc runs)
 [ -r /etc/rdmaswap-vm.conf ] && . /etc/rdmaswap-vm.conf
@@ -722,6 +729,7 @@ one_swap_run() {
         alloc-*) alloc_run "${1#alloc-}"; return ;;
         reattach-*) reattach_run block "${1#reattach-}"; return ;;
         persist-*) reattach_run swap "${1#persist-}"; return ;;
+        reconnect-*) reconnect_run "${1#reconnect-}"; return ;;
     esac
     _run=$1
     _kind=cgroup
@@ -912,22 +920,9 @@ repkill_run() {   # repkill_run tcp|rdma
     eval "REP_PID$_victim="
     alive "$_wpid" || fail "[$CUR] swapload was no longer running when the memserver died"
 
-    wait_until "$WORK_TIMEOUT" eval '! alive $_wpid' \
-        || { kill -9 "$_wpid"; fail "[$CUR] swapload did not finish within $WORK_TIMEOUT s of the kill (hang?)"; }
-    wait "$_wpid"
-    _rc=$?
-    W_SECS=$(elapsed "$_t0" "$(uptime_s)")
-    W_OUT=$(($(vmstat pswpout) - _out0))
-    W_IN=$(($(vmstat pswpin) - _in0))
+    swapload_after_kill kill
     W_MIB=$MIB
-    cat /run/swapload.out
-    say "[$CUR] swapload exit $_rc in $W_SECS s: pswpout +$W_OUT pswpin +$W_IN pages" \
-        "(after the kill: +$((W_OUT - _kout)) +$((W_IN - _kin)))"
-    grep -q '^swapload: OK pages=' /run/swapload.out \
-        || fail "[$CUR] $(grep -m1 'MISMATCH' /run/swapload.out || echo "swapload exit $_rc, no OK line") after the kill"
-    [ "$_rc" = 0 ] || fail "[$CUR] swapload exit status $_rc"
     [ "$W_OUT" -ge "$MIN_PSWPOUT" ] || fail "[$CUR] pswpout grew by $W_OUT pages, expected >= $MIN_PSWPOUT"
-    [ $((W_IN - _kin)) -gt 0 ] || fail "[$CUR] nothing was swapped in after the kill"
     alive "$NBDKIT_PID" || fail "[$CUR] nbdkit died"
     rmdir "$CG" 2>/dev/null
     check_dmesg
@@ -1064,6 +1059,26 @@ alloc_run() {   # alloc_run tcp|rdma
 }
 
 # ---------------------------------------------------------------------------------------------
+# swapload_after_kill kill|restart: waits (bounded) for the swapload started by
+# swapload_until_kill, then checks it verified every page and swapped in after the kill
+# (_kout/_kin: counts at the kill; the word names the event in the messages).  Sets W_SECS W_OUT W_IN.
+swapload_after_kill() {
+    wait_until "$WORK_TIMEOUT" eval '! alive $_wpid' \
+        || { kill -9 "$_wpid"; fail "[$CUR] swapload did not finish within $WORK_TIMEOUT s of the $1 (hang?)"; }
+    wait "$_wpid"
+    _rc=$?
+    W_SECS=$(elapsed "$_t0" "$(uptime_s)")
+    W_OUT=$(($(vmstat pswpout) - _out0))
+    W_IN=$(($(vmstat pswpin) - _in0))
+    cat /run/swapload.out
+    say "[$CUR] swapload exit $_rc in $W_SECS s: pswpout +$W_OUT pswpin +$W_IN pages" \
+        "(after the kill: +$((W_OUT - _kout)) +$((W_IN - _kin)))"
+    grep -q '^swapload: OK pages=' /run/swapload.out \
+        || fail "[$CUR] $(grep -m1 'MISMATCH' /run/swapload.out || echo "swapload exit $_rc, no OK line") after the $1"
+    [ "$_rc" = 0 ] || fail "[$CUR] swapload exit status $_rc"
+    [ $((W_IN - _kin)) -gt 0 ] || fail "[$CUR] nothing was swapped in after the $1"
+}
+
 # reattach-T and persist-T: nbdkit killed (-9) and restarted with the same volume= within the
 # lease; the new plugin takes the slabs over from the memservers (RDMA: re-registered in the new
 # session's PD).  REA_SERVERS memservers over T (ports PORT, PORT+1, ...), the plugin with
@@ -1217,20 +1232,7 @@ reattach_run() {   # reattach_run block|swap tcp|rdma
         alive "$NBDC_PID" || { wait "$NBDC_PID"; _st="exited with status $?"; }
         say "[$CUR] nbd-client (pid $NBDC_PID) $_st; its output: $(tr '\n' ' ' < /run/nbd-client-persist.log)"
         say "[$CUR] kernel: $(dmesg | grep -E 'nbd0: (Dead connection|shutting down|Receive control failed)' | head -n 3 | tr '\n' ' ')"
-        wait_until "$WORK_TIMEOUT" eval '! alive $_wpid' \
-            || { kill -9 "$_wpid"; fail "[$CUR] swapload did not finish within $WORK_TIMEOUT s of the restart (hang?)"; }
-        wait "$_wpid"
-        _rc=$?
-        W_SECS=$(elapsed "$_t0" "$(uptime_s)")
-        W_OUT=$(($(vmstat pswpout) - _out0))
-        W_IN=$(($(vmstat pswpin) - _in0))
-        cat /run/swapload.out
-        say "[$CUR] swapload exit $_rc in $W_SECS s: pswpout +$W_OUT pswpin +$W_IN pages" \
-            "(after the kill: +$((W_OUT - _kout)) +$((W_IN - _kin)))"
-        grep -q '^swapload: OK pages=' /run/swapload.out \
-            || fail "[$CUR] $(grep -m1 'MISMATCH' /run/swapload.out || echo "swapload exit $_rc, no OK line") after the restart"
-        [ "$_rc" = 0 ] || fail "[$CUR] swapload exit status $_rc"
-        [ $((W_IN - _kin)) -gt 0 ] || fail "[$CUR] nothing was swapped in after the restart"
+        swapload_after_kill restart
         rmdir "$CG" 2>/dev/null
         check_dmesg
         run_bounded 180 /run/swapoff.log swapoff /dev/nbd0 \
@@ -1252,6 +1254,78 @@ reattach_run() {   # reattach_run block|swap tcp|rdma
     fi
     say "[$CUR] PASS: nbdkit killed -9 and restarted, reattached=$_chunks chunks," \
         "content intact; whole run $(elapsed "$_r0" "$(uptime_s)") s"
+}
+
+# reconnect-T: swap that survives an nbdkit restart.  /dev/nbd0 attached by `rdmaswap-nbd
+# connect --connections CONNS --dead-conn-timeout REC_DEAD --timeout REC_TIMEOUT` (netlink; the tool exits, the
+# kernel holds the socket), mkswap, swapon, swapload (REC_MIB MiB) in the cgroup; once pswpout
+# has grown by REC_MIB*64 pages, nbdkit gets kill -9; the memservers keep the slabs (lease), a
+# new nbdkit with the same arguments and socket takes them over and `rdmaswap-nbd reconnect
+# --statusfile` (refuses if the new plugin reattached nothing) hands the kernel a new socket
+# (NBD_CMD_RECONFIGURE).  The kernel holds the requests meanwhile.
+# Checks: swapload OK (every page verified), pswpin grew after the restart, the new plugin
+# reattached > 0 chunks with lost=0, no I/O error or hung task in dmesg.  REC_SKIP=1 leaves the
+# reconnect out: then the run must FAIL (requests fail once the dead-connection timeout ends).
+reconnect_run() {   # reconnect_run tcp|rdma
+    _t=$1
+    CUR=reconnect-$_t
+    _r0=$(uptime_s)
+    say "===== $CUR: swap across an nbdkit restart (kill -9, volume=$REA_VOLUME -> $REA_VOLUME2, lease=$REA_LEASE), rdmaswap-nbd connect/reconnect, $REA_SERVERS memservers ($_t) ====="
+    : > /run/nbdkit.log
+    _mib_saved=$MIB
+    _kill_saved=$REP_KILL_AT
+    MIB=$REC_MIB
+    REP_KILL_AT=$((REC_MIB * 64))
+    start_memservers "$REA_SERVERS" "$_t" "$REC_SIZE" "$REC_SLAB"
+    _rservers=$_servers
+    _rsize=$REC_SIZE
+    rea_start_nbdkit "$REA_VOLUME" "$_t"
+    run_bounded 60 /run/rdmaswap-nbd.log rdmaswap-nbd connect --socket "$SOCK" --device /dev/nbd0 \
+        --connections "$CONNS" --block-size 4096 --dead-conn-timeout "$REC_DEAD" --timeout "$REC_TIMEOUT"
+    _rc=$?
+    cat /run/rdmaswap-nbd.log
+    [ "$_rc" = 0 ] || fail "[$CUR] rdmaswap-nbd connect failed (exit $_rc)"
+    wait_until 30 nbd_size_ok || fail "[$CUR] /dev/nbd0 has no size after rdmaswap-nbd connect"
+    SWAPDEV=/dev/nbd0
+    mkswap /dev/nbd0 > /run/mkswap.log 2>&1 || { cat /run/mkswap.log; fail "mkswap /dev/nbd0 failed"; }
+    swapon /dev/nbd0 || fail "swapon /dev/nbd0 failed"
+    swapload_until_kill
+    _kout=$(($(vmstat pswpout) - _out0))
+    _kin=$(($(vmstat pswpin) - _in0))
+    say "[$CUR] $(elapsed "$_t0" "$(uptime_s)") s into swapload (pswpout +$_kout pswpin +$_kin): kill -9 nbdkit"
+    _tk0=$(uptime_s)
+    rea_kill_nbdkit
+    rea_start_nbdkit "$REA_VOLUME2" "$_t"
+    if [ "$REC_SKIP" = 1 ]; then
+        say "[$CUR] REC_SKIP=1: no rdmaswap-nbd reconnect (this run must FAIL)"
+    else
+        run_bounded 90 /run/rdmaswap-nbd.log rdmaswap-nbd reconnect --socket "$SOCK" --device /dev/nbd0 \
+            --connections "$CONNS" --statusfile "$STATUSFILE"
+        _rc=$?
+        cat /run/rdmaswap-nbd.log
+        [ "$_rc" = 0 ] || fail "[$CUR] rdmaswap-nbd reconnect failed (exit $_rc)"
+        say "[$CUR] reconnected $(elapsed "$_tk0" "$(uptime_s)") s after the kill"
+    fi
+    rea_check_takeover 1 "$_t"
+    say "[$CUR] kernel: $(dmesg | grep -E 'nbd0: ' | tail -n 4 | tr '\n' ' ')"
+    swapload_after_kill restart
+    [ $((W_OUT - _kout)) -gt 0 ] || fail "[$CUR] nothing was swapped out after the restart"
+    rmdir "$CG" 2>/dev/null
+    check_dmesg
+    run_bounded 180 /run/swapoff.log swapoff /dev/nbd0 \
+        || { cat /run/swapoff.log; fail "swapoff /dev/nbd0 failed or hung"; }
+    run_bounded 60 /run/rdmaswap-nbd.log rdmaswap-nbd disconnect --device /dev/nbd0 \
+        || { cat /run/rdmaswap-nbd.log; fail "[$CUR] rdmaswap-nbd disconnect failed or hung"; }
+    wait_until 30 nbd_gone || fail "[$CUR] /dev/nbd0 still has a size after rdmaswap-nbd disconnect"
+    check_dmesg
+    stop_nbdkit
+    stop_memservers "$REA_SERVERS"
+    check_dmesg
+    MIB=$_mib_saved
+    REP_KILL_AT=$_kill_saved
+    echo "$CUR $W_SECS $W_OUT $W_IN $REC_MIB" >> /run/bench.txt
+    say "[$CUR] PASS: swap survived nbdkit kill -9 + restart, reattached=$_chunks chunks," \
+        "every page verified; whole run $(elapsed "$_r0" "$(uptime_s)") s"
 }
 
 # swap_on_persist: nbd-client in ioctl mode with -persist (it stays, and is to reconnect the

@@ -42,6 +42,10 @@ usage: run-vm-test.sh [--mode rdma|tcp|memory|kill|pressure|twohost] [--bench] [
                     read back (block level; nbd-client reconnected by hand)
                     persist-T: the same under swap with nbd-client -swap -persist -nonetlink,
                     killed mid-swapload (by hand: see README for what this kernel does)
+                    reconnect-T: swap on /dev/nbd0 attached by rdmaswap-nbd connect
+                    (netlink, dead-connection timeout), nbdkit killed -9 mid-swapload and
+                    restarted, rdmaswap-nbd reconnect: every page must verify, no I/O error
+  --no-reconnect    reconnect runs: leave rdmaswap-nbd reconnect out (the run must FAIL)
   --reattach-lease N  reattach/persist runs: the plugin's lease= (default 60; 0 must FAIL)
   --reattach-volume NAME  reattach/persist runs: volume= of the restarted nbdkit (default the
                     first one's, vmtest; another name must FAIL)
@@ -59,7 +63,7 @@ usage: run-vm-test.sh [--mode rdma|tcp|memory|kill|pressure|twohost] [--bench] [
   --swapload-args S extra swapload arguments (e.g. "--inject zero" to see a FAIL)
   --min-pswpout N   pages of pswpout required of a cgroup run (default N*200, i.e. 200 MiB for
                     256 MiB; with another --cg-max 3/4 of N minus memory.max)
-  --conns N         nbd-client -C N (default 1)
+  --conns N         nbd-client -C N (default 1); reconnect runs: rdmaswap-nbd --connections N
   --kill-transport T  transport of --mode kill: rdma (default) or tcp
   --stats           put nbdkit's stats filter in front of the plugin and print its report
   --timeout S       wall-clock limit for the VM (default 600 s; --bench, --runs, pressure:
@@ -91,6 +95,7 @@ EXTRA_RUNS=""
 REPLICAS=2
 REA_LEASE=60
 REA_VOLUME2=""
+REC_SKIP=0
 ALLOC_REQUESTS=100000
 MIB=""
 CG_MAX=""
@@ -133,6 +138,7 @@ while [ $# -gt 0 ]; do
         --replicas) REPLICAS=${2:?}; shift ;;
         --reattach-lease) REA_LEASE=${2:?}; shift ;;
         --reattach-volume) REA_VOLUME2=${2:?}; shift ;;
+        --no-reconnect) REC_SKIP=1 ;;
         --alloc-requests) ALLOC_REQUESTS=${2:?}; shift ;;
         --mib) MIB=${2:?}; shift ;;
         --cg-max) CG_MAX=${2:?}; shift ;;
@@ -192,7 +198,7 @@ if [ -n "$EXTRA_RUNS" ]; then
     esac
 fi
 RUNS=$(xargs <<< "$RUNS")   # trim
-has_pressure=0 has_cgroup=0 has_crypt=0 has_alloc=0 run_transports=""
+has_pressure=0 has_cgroup=0 has_crypt=0 has_alloc=0 has_reconnect=0 run_transports=""
 for r in $RUNS; do
     t=$r
     case "$t" in
@@ -200,10 +206,11 @@ for r in $RUNS; do
         alloc-rdma|alloc-tcp) has_alloc=1; run_transports+=" ${t#alloc-}"; continue ;;
         reattach-rdma|reattach-tcp) run_transports+=" ${t#reattach-}"; continue ;;
         persist-rdma|persist-tcp) has_cgroup=1; run_transports+=" ${t#persist-}"; continue ;;
+        reconnect-rdma|reconnect-tcp) has_cgroup=1; has_reconnect=1; run_transports+=" ${t#reconnect-}"; continue ;;
     esac
     case "$t" in pressure-*) has_pressure=1; t=${t#pressure-} ;; *) has_cgroup=1 ;; esac
     case "$t" in crypt-*) has_crypt=1; t=${t#crypt-} ;; esac
-    case "$t" in rdma|tcp|memory) run_transports+=" $t" ;; *) die "unknown swap run '$r' (want [pressure-][crypt-]rdma|tcp|memory, repkill-, alloc-, reattach- or persist-rdma|tcp)" ;; esac
+    case "$t" in rdma|tcp|memory) run_transports+=" $t" ;; *) die "unknown swap run '$r' (want [pressure-][crypt-]rdma|tcp|memory, repkill-, alloc-, reattach-, persist- or reconnect-rdma|tcp)" ;; esac
 done
 [ "$MODE" != twohost ] || has_cgroup=1
 case "$MODE" in kill|twohost) ;; *) [ -n "$RUNS" ] || die "no swap runs given" ;; esac
@@ -300,6 +307,7 @@ B_ALLOC_COUNTER=$RDMASWAP_BUILD/tests/alloc/librdmaswap-alloc-counter.so
 B_MEMSERVER=$RDMASWAP_BUILD/memserver/rdmaswap-memserver
 B_PLUGIN=$RDMASWAP_BUILD/nbdkit-plugin/nbdkit-rdmaswap-plugin.so
 B_CTL=$RDMASWAP_BUILD/tools/rdmaswapctl
+B_NBD=$RDMASWAP_BUILD/tools/rdmaswap-nbd
 B_RDMA_TESTS=$RDMASWAP_BUILD/tests/rdma/rdmaswap-rdma-tests
 
 # What the chosen mode needs.
@@ -336,6 +344,7 @@ if [ "$need_rdmaswap" = 1 ]; then
     [ -f "$B_PLUGIN" ] || missing+=("$B_PLUGIN")
     [ -x "$B_CTL" ] || missing+=("$B_CTL")
 fi
+[ "$has_reconnect" = 0 ] || [ -x "$B_NBD" ] || missing+=("$B_NBD")
 if [ ${#missing[@]} -gt 0 ]; then
     die "mode '$MODE' needs binaries that are not built in $RDMASWAP_BUILD:$(printf '\n    %s' "${missing[@]}")
     (build them: ninja -C $RDMASWAP_BUILD)"
@@ -488,6 +497,7 @@ fi
 if [ "$need_rdmaswap" = 1 ]; then
     add_elf "$B_MEMSERVER" /usr/local/bin/rdmaswap-memserver
     add_elf "$B_CTL" /usr/local/bin/rdmaswapctl
+    [ "$has_reconnect" = 0 ] || add_elf "$B_NBD" /usr/local/bin/rdmaswap-nbd
     add_elf "$B_PLUGIN" "$NBDKIT_PLUGINDIR/nbdkit-rdmaswap-plugin.so"
 fi
 if [ "$want_rdma_tests" = 1 ]; then
@@ -557,6 +567,7 @@ PASSES=$PASSES
 REP_REPLICAS=$REPLICAS
 REA_LEASE=$REA_LEASE
 REA_VOLUME2="$REA_VOLUME2"
+REC_SKIP=$REC_SKIP
 ALLOC_REQUESTS=$ALLOC_REQUESTS
 SWAPLOAD_ARGS="$SWAPLOAD_ARGS"
 MIN_PSWPOUT=$MIN_PSWPOUT
