@@ -19,6 +19,7 @@
 #include <cstring>
 #include <memory>
 #include <span>
+#include <string_view>
 #include <vector>
 
 #include "common/auth.h"
@@ -132,6 +133,19 @@ void check_list(Bytes in, size_t cap)
 	FUZZ_CHECK(std::memcmp(out.data(), in.data(), in.size()) == 0);
 }
 
+// VOLUME_LIST reply entries (VolumeEntry or SessionEntry): what decodes re-encodes the same.
+template <typename E> void check_entries(Bytes in, size_t entry_size, size_t cap)
+{
+	std::vector<E> entries(cap);
+	const long n = decode_entries(in, std::span(entries));
+	if (n < 0)
+		return;
+	FUZZ_CHECK(size_t(n) <= cap && in.size() == 4 + entry_size * size_t(n));
+	std::vector<std::byte> out(in.size());
+	encode_entries(std::span<const E>(entries).first(size_t(n)), out);
+	FUZZ_CHECK(std::memcmp(out.data(), in.data(), in.size()) == 0);
+}
+
 // Every decoder on `body`, whatever op the header named.
 void decode_everything(Bytes body)
 {
@@ -144,6 +158,24 @@ void decode_everything(Bytes body)
 	FreeRequest fr;
 	IoRequest io;
 	StatsReply sr;
+	BindRequest br;
+	BindReply brr;
+	AllocTaggedRequest atr;
+	SetTagRequest str;
+	VolumeListRequest vlr;
+	GiveBackRequest gbr;
+	GiveBackReply gbrr;
+	if (decode_roundtrip(body, kBindRequestSize, br))
+		FUZZ_CHECK(valid_volume_name(std::string_view(
+			br.name.data(), strnlen(br.name.data(), br.name.size()))));
+	decode_roundtrip(body, kBindReplySize, brr);
+	decode_roundtrip(body, kAllocTaggedRequestSize, atr);
+	decode_roundtrip(body, kSetTagRequestSize, str);
+	decode_roundtrip(body, kVolumeListRequestSize, vlr);
+	decode_roundtrip(body, kGiveBackRequestSize, gbr);
+	decode_roundtrip(body, kGiveBackReplySize, gbrr);
+	check_entries<VolumeEntry>(body, kVolumeEntrySize, 8);
+	check_entries<SessionEntry>(body, kSessionEntrySize, 4);
 	if (decode_roundtrip(body, kAuthRequestSize, ar))
 		FUZZ_CHECK(ar.reserved == 0);
 	decode_roundtrip(body, kAuthReplySize, arr);
@@ -208,9 +240,36 @@ void decode_as(const Header &h, Bytes body)
 				check_io(req);
 			break;
 		}
+		case Op::Bind: {
+			BindRequest req;
+			decode_roundtrip(b, fixed, req);
+			break;
+		}
+		case Op::AllocTagged: {
+			AllocTaggedRequest req;
+			decode_roundtrip(b, fixed, req);
+			break;
+		}
+		case Op::SetTag: {
+			SetTagRequest req;
+			decode_roundtrip(b, fixed, req);
+			break;
+		}
+		case Op::VolumeList: {
+			VolumeListRequest req;
+			decode_roundtrip(b, fixed, req);
+			break;
+		}
+		case Op::GiveBack: {
+			GiveBackRequest req;
+			decode_roundtrip(b, fixed, req);
+			break;
+		}
 		case Op::Alloc:
 		case Op::Stats:
 		case Op::List:
+		case Op::Wanted:
+		case Op::GiveBackStatus:
 			FUZZ_CHECK(fixed == 0);
 			break;
 		}
@@ -224,7 +283,7 @@ void decode_as(const Header &h, Bytes body)
 		FUZZ_CHECK(h.body_len <= kMaxIo);
 		return;
 	}
-	if (h.op != Op::List)
+	if (h.op != Op::List && h.op != Op::Wanted && h.op != Op::VolumeList)
 		FUZZ_CHECK(h.body_len == size_t(reply_body_size(h.op)));
 	if (body.size() < h.body_len)
 		return;
@@ -241,17 +300,35 @@ void decode_as(const Header &h, Bytes body)
 		decode_roundtrip(b, kHelloReplySize, r);
 		break;
 	}
-	case Op::Alloc: {
+	case Op::Alloc:
+	case Op::AllocTagged: {
 		AllocReply r;
 		decode_roundtrip(b, kAllocReplySize, r);
 		break;
 	}
+	case Op::Bind: {
+		BindReply r;
+		decode_roundtrip(b, kBindReplySize, r);
+		break;
+	}
+	case Op::GiveBack:
+	case Op::GiveBackStatus: {
+		GiveBackReply r;
+		decode_roundtrip(b, kGiveBackReplySize, r);
+		break;
+	}
+	case Op::VolumeList:
+		FUZZ_CHECK(h.body_len >= 4 && h.body_len <= kMaxIo);
+		check_entries<VolumeEntry>(b, kVolumeEntrySize, (h.body_len - 4) / kVolumeEntrySize);
+		check_entries<SessionEntry>(b, kSessionEntrySize, (h.body_len - 4) / kSessionEntrySize);
+		break;
 	case Op::Stats: {
 		StatsReply r;
 		decode_roundtrip(b, kStatsReplySize, r);
 		break;
 	}
-	case Op::List: {
+	case Op::List:
+	case Op::Wanted: {
 		// The client's buffer: as many ids as it could hold (capacity <= what it sent).
 		FUZZ_CHECK(h.body_len >= 4 && h.body_len % 4 == 0 && h.body_len <= kMaxIo);
 		check_list(b, (h.body_len - 4) / 4);

@@ -14,6 +14,10 @@ sys.path.insert(0, os.path.join(here, "..", "integration"))
 import rdmaswap_wire as w  # noqa: E402
 
 
+BIND, ALLOC_TAGGED, SET_TAG, VOLUME_LIST = 8, 9, 10, 11
+GIVEBACK, WANTED, GIVEBACK_STATUS = 12, 13, 14
+
+
 def write(target, name, data):
     d = os.path.join(here, "corpus", target)
     os.makedirs(d, exist_ok=True)
@@ -43,6 +47,16 @@ requests = {
     "write": msg(w.WRITE, struct.pack("<IIQ", 1, 16, 65536 - 16) + b"0123456789abcdef"),
     "stats": msg(w.STATS),
     "list": msg(w.LIST),
+    # Reattach (ops 8-11) and give-back (12-14).
+    "bind": msg(BIND, b"host-1073741824-0a1b2c3d".ljust(64, b"\0") + struct.pack("<II", 60, 0)),
+    "alloc-tagged": msg(ALLOC_TAGGED, struct.pack("<QQ", 5, 2)),
+    "set-tag": msg(SET_TAG, struct.pack("<IIQQ", 3, 0, 5, 3)),
+    "set-floor": msg(SET_TAG, struct.pack("<IIQQ", 0xFFFFFFFF, 0, 5, 3)),
+    "volume-list": msg(VOLUME_LIST, struct.pack("<IIQ", 0, 0, 0)),
+    "volume-list-sessions": msg(VOLUME_LIST, struct.pack("<IIQ", 2, 0, 0)),
+    "giveback": msg(GIVEBACK, struct.pack("<Q", 64 << 20)),
+    "wanted": msg(WANTED),
+    "giveback-status": msg(GIVEBACK_STATUS),
 }
 replies = {
     "auth": reply(w.AUTH, nonce + mac),
@@ -58,6 +72,19 @@ replies = {
     "list": reply(w.LIST, struct.pack("<IIII", 3, 0, 5, 9)),
     "list-empty": reply(w.LIST, struct.pack("<I", 0)),
     "error": reply(w.ALLOC, status=28),  # ENOSPC
+    "bind": reply(BIND, struct.pack("<IIQ", 1, 4, 2500)),
+    "alloc-tagged": reply(ALLOC_TAGGED, struct.pack("<IIQQII", 3, 0x1234, 0x7F0000000000,
+                                                    1 << 28, 12, 0)),
+    "set-tag": reply(SET_TAG),
+    "volume-list": reply(VOLUME_LIST, struct.pack("<I", 2) +
+                         struct.pack("<IIQQQ", 3, 0x1234, 0x7F0000000000, 5, 2) +
+                         struct.pack("<IIQQQ", 0xFFFFFFFF, 0, 0, 6, 3)),
+    "volume-list-sessions": reply(VOLUME_LIST, struct.pack("<I", 1) +
+                                  struct.pack("<QIIQII", 0xABCD, 4, 3, 1500, 60, 0) +
+                                  b"vol".ljust(64, b"\0") + b"127.0.0.1:5000".ljust(64, b"\0")),
+    "giveback": reply(GIVEBACK, struct.pack("<IIIIII", 4, 2, 4, 2, 64, 0)),
+    "wanted": reply(WANTED, struct.pack("<III", 2, 3, 7)),
+    "giveback-status": reply(GIVEBACK_STATUS, struct.pack("<IIIIII", 0, 0, 4, 2, 64, 0)),
 }
 for name, data in requests.items():
     write("fuzz-protocol", "req-" + name, data)
