@@ -212,9 +212,10 @@ uint32_t SlabPool::restore(uint32_t n)
 	}
 	uint32_t done = 0;
 	for (uint32_t id : ids) {
-		// Fault the pages in again (zeros) and lock them, as at start.
-		const bool ok = lock_ ? mlock(slab_base(id), slab_size_) == 0
-				      : (wipe(id), true);
+		// Fault the pages in again (zeros: writing them populates, whatever mlock does — an
+		// ASan build's mlock is a no-op) and lock them, as at start.
+		wipe(id);
+		const bool ok = !lock_ || mlock(slab_base(id), slab_size_) == 0;
 		std::lock_guard lock(mu_);
 		if (!ok) {
 			flags_[id] = kWithdrawn;
