@@ -184,14 +184,9 @@ int ControlClient::open_session(bool want_rdma, proto::HelloReply &out)
 	proto::HelloRequest req;
 	req.want_rdma = want_rdma;
 	std::array<std::byte, proto::kHelloRequestSize> body;
-	std::array<std::byte, proto::kHelloReplySize> reply;
 	proto::encode(req, body);
-	if (int r = call(proto::Op::Hello, body, reply))
+	if (int r = call_decode<proto::kHelloReplySize>(proto::Op::Hello, body, out))
 		return r;
-	if (!proto::decode(reply, out).ok) {
-		fd_.reset();
-		return EPROTO;
-	}
 	session_id_ = out.session_id;
 	token_ = out.token;
 	conn_id_ = out.conn_id;
@@ -201,14 +196,7 @@ int ControlClient::open_session(bool want_rdma, proto::HelloReply &out)
 int ControlClient::alloc(proto::AllocReply &out)
 {
 	std::lock_guard lock(mu_);
-	std::array<std::byte, proto::kAllocReplySize> reply;
-	if (int r = call(proto::Op::Alloc, {}, reply))
-		return r;
-	if (!proto::decode(reply, out).ok) {
-		fd_.reset();
-		return EPROTO;
-	}
-	return 0;
+	return call_decode<proto::kAllocReplySize>(proto::Op::Alloc, {}, out);
 }
 
 int ControlClient::free_slab(uint32_t id)
@@ -238,14 +226,7 @@ long ControlClient::list(std::span<uint32_t> ids)
 int ControlClient::stats(proto::StatsReply &out)
 {
 	std::lock_guard lock(mu_);
-	std::array<std::byte, proto::kStatsReplySize> reply;
-	if (int r = call(proto::Op::Stats, {}, reply))
-		return r;
-	if (!proto::decode(reply, out).ok) {
-		fd_.reset();
-		return EPROTO;
-	}
-	return 0;
+	return call_decode<proto::kStatsReplySize>(proto::Op::Stats, {}, out);
 }
 
 int ControlClient::bind(const std::string &volume, uint32_t lease_s, proto::BindReply &out)
@@ -257,30 +238,16 @@ int ControlClient::bind(const std::string &volume, uint32_t lease_s, proto::Bind
 	std::copy(volume.begin(), volume.end(), req.name.begin());
 	req.lease_s = lease_s;
 	std::array<std::byte, proto::kBindRequestSize> body;
-	std::array<std::byte, proto::kBindReplySize> reply;
 	proto::encode(req, body);
-	if (int r = call(proto::Op::Bind, body, reply))
-		return r;
-	if (!proto::decode(reply, out).ok) {
-		fd_.reset();
-		return EPROTO;
-	}
-	return 0;
+	return call_decode<proto::kBindReplySize>(proto::Op::Bind, body, out);
 }
 
 int ControlClient::alloc_tagged(uint64_t chunk, uint64_t epoch, proto::AllocReply &out)
 {
 	std::lock_guard lock(mu_);
 	std::array<std::byte, proto::kAllocTaggedRequestSize> body;
-	std::array<std::byte, proto::kAllocReplySize> reply;
 	proto::encode(proto::AllocTaggedRequest{chunk, epoch}, body);
-	if (int r = call(proto::Op::AllocTagged, body, reply))
-		return r;
-	if (!proto::decode(reply, out).ok) {
-		fd_.reset();
-		return EPROTO;
-	}
-	return 0;
+	return call_decode<proto::kAllocReplySize>(proto::Op::AllocTagged, body, out);
 }
 
 int ControlClient::set_tag(uint32_t slab_id, uint64_t chunk, uint64_t epoch)
@@ -337,27 +304,13 @@ int ControlClient::give_back(uint64_t bytes, proto::GiveBackReply &out)
 	std::lock_guard lock(mu_);
 	std::array<std::byte, proto::kGiveBackRequestSize> body;
 	proto::encode(proto::GiveBackRequest{bytes}, body);
-	std::array<std::byte, proto::kGiveBackReplySize> reply;
-	if (int r = call(proto::Op::GiveBack, body, reply))
-		return r;
-	if (!proto::decode(reply, out).ok) {
-		fd_.reset();
-		return EPROTO;
-	}
-	return 0;
+	return call_decode<proto::kGiveBackReplySize>(proto::Op::GiveBack, body, out);
 }
 
 int ControlClient::give_back_status(proto::GiveBackReply &out)
 {
 	std::lock_guard lock(mu_);
-	std::array<std::byte, proto::kGiveBackReplySize> reply;
-	if (int r = call(proto::Op::GiveBackStatus, {}, reply))
-		return r;
-	if (!proto::decode(reply, out).ok) {
-		fd_.reset();
-		return EPROTO;
-	}
-	return 0;
+	return call_decode<proto::kGiveBackReplySize>(proto::Op::GiveBackStatus, {}, out);
 }
 
 } // namespace rdmaswap

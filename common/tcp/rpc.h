@@ -2,6 +2,7 @@
 // One request/response exchange on a blocking socket, and the control connection built on it.
 #pragma once
 
+#include <array>
 #include <chrono>
 #include <cstdint>
 #include <memory>
@@ -83,6 +84,20 @@ public:
 private:
 	int call(proto::Op op, std::span<const std::byte> body, std::span<std::byte> reply,
 		 size_t *reply_len = nullptr);
+	// call() with a fixed reply body of N bytes decoded into `out`: 0, call()'s errno, or
+	// EPROTO for a reply that does not decode (the connection is dropped). Caller holds mu_.
+	template <size_t N, typename Reply>
+	int call_decode(proto::Op op, std::span<const std::byte> body, Reply &out)
+	{
+		std::array<std::byte, N> reply;
+		if (int r = call(op, body, reply))
+			return r;
+		if (!proto::decode(reply, out).ok) {
+			fd_.reset();
+			return EPROTO;
+		}
+		return 0;
+	}
 	int ensure_connected();
 
 	const SockAddr addr_;
