@@ -258,8 +258,9 @@ int ControlClient::set_tag(uint32_t slab_id, uint64_t chunk, uint64_t epoch)
 	return call(proto::Op::SetTag, body, {});
 }
 
-int ControlClient::volume_list(proto::ListWhat what, uint64_t start,
-			       std::vector<proto::VolumeEntry> &out)
+template <typename Entry>
+int ControlClient::list_page(proto::ListWhat what, uint64_t start, size_t max,
+			     std::vector<Entry> &out)
 {
 	std::lock_guard lock(mu_);
 	if (list_buf_.size() < proto::kMaxIo)
@@ -269,7 +270,7 @@ int ControlClient::volume_list(proto::ListWhat what, uint64_t start,
 	size_t len = 0;
 	if (int r = call(proto::Op::VolumeList, body, list_buf_, &len))
 		return r;
-	out.resize(proto::kMaxVolumeEntries);
+	out.resize(max);
 	const long n = proto::decode_entries(std::span(list_buf_).first(len), std::span(out));
 	if (n < 0) {
 		fd_.reset();
@@ -279,24 +280,15 @@ int ControlClient::volume_list(proto::ListWhat what, uint64_t start,
 	return 0;
 }
 
+int ControlClient::volume_list(proto::ListWhat what, uint64_t start,
+			       std::vector<proto::VolumeEntry> &out)
+{
+	return list_page(what, start, proto::kMaxVolumeEntries, out);
+}
+
 int ControlClient::sessions(uint64_t start, std::vector<proto::SessionEntry> &out)
 {
-	std::lock_guard lock(mu_);
-	if (list_buf_.size() < proto::kMaxIo)
-		list_buf_.resize(proto::kMaxIo);
-	std::array<std::byte, proto::kVolumeListRequestSize> body;
-	proto::encode(proto::VolumeListRequest{proto::ListWhat::Sessions, 0, start}, body);
-	size_t len = 0;
-	if (int r = call(proto::Op::VolumeList, body, list_buf_, &len))
-		return r;
-	out.resize(proto::kMaxSessionEntries);
-	const long n = proto::decode_entries(std::span(list_buf_).first(len), std::span(out));
-	if (n < 0) {
-		fd_.reset();
-		return EPROTO;
-	}
-	out.resize(size_t(n));
-	return 0;
+	return list_page(proto::ListWhat::Sessions, start, proto::kMaxSessionEntries, out);
 }
 
 int ControlClient::give_back(uint64_t bytes, proto::GiveBackReply &out)

@@ -84,6 +84,9 @@ public:
 private:
 	int call(proto::Op op, std::span<const std::byte> body, std::span<std::byte> reply,
 		 size_t *reply_len = nullptr);
+	// One VOLUME_LIST page of `what` from `start` into `out` (at most `max` entries). 0 or errno.
+	template <typename Entry>
+	int list_page(proto::ListWhat what, uint64_t start, size_t max, std::vector<Entry> &out);
 	// call() with a fixed reply body of N bytes decoded into `out`: 0, call()'s errno, or
 	// EPROTO for a reply that does not decode (the connection is dropped). Caller holds mu_.
 	template <size_t N, typename Reply>
