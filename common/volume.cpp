@@ -943,9 +943,12 @@ uint64_t Volume::migrate_wanted(Channel &ch)
 
 void Volume::poll_loop()
 {
-	std::vector<uint32_t> ids;
-	for (;;) {
-		{
+	// One list per server, kept across polls: its capacity (the server's slab count) is
+	// allocated at the first poll, which runs at once, before any I/O. Later polls reuse it,
+	// and an empty answer (no give-back under way) is copied out without allocating.
+	std::vector<std::vector<uint32_t>> polled(servers_.size());
+	for (bool first = true;; first = false) {
+		if (!first) {
 			std::unique_lock lock(repair_mu_);
 			repair_cv_.wait_for(lock, repair_interval_, [this] { return stop_; });
 			if (stop_)
@@ -956,6 +959,7 @@ void Volume::poll_loop()
 		for (size_t i = 0; i < servers_.size(); i++) {
 			if (now < sstate_[i].down_until.load() || !servers_[i]->session_alive())
 				continue;
+			std::vector<uint32_t> &ids = polled[i];
 			if (const int err = servers_[i]->wanted_slabs(ids)) {
 				// Hung or gone: do not wait on it again for a while.
 				logger("volume")->warn("give-back: asking memserver {} which slabs it "
@@ -966,7 +970,7 @@ void Volume::poll_loop()
 			}
 			any = any || !ids.empty();
 			std::lock_guard lock(wanted_mu_);
-			wanted_[i].swap(ids);
+			wanted_[i].assign(ids.begin(), ids.end());
 		}
 		if (any)
 			kick_repair();
