@@ -1,6 +1,7 @@
 // SPDX-License-Identifier: MIT
 #include "common/swap_safety.h"
 
+#include <sched.h>
 #include <sys/mman.h>
 #include <sys/prctl.h>
 
@@ -22,6 +23,16 @@ std::string set_io_flusher()
 {
 	if (prctl(PR_SET_IO_FLUSHER, 1, 0, 0, 0) != 0)
 		return std::string("PR_SET_IO_FLUSHER: ") + std::strerror(errno);
+	return {};
+}
+
+std::string set_realtime(int priority)
+{
+	sched_param sp{};
+	sp.sched_priority = priority;
+	if (sched_setscheduler(0, SCHED_RR, &sp) != 0)
+		return "sched_setscheduler(SCHED_RR, " + std::to_string(priority) +
+		       "): " + std::strerror(errno);
 	return {};
 }
 

@@ -14,6 +14,15 @@ namespace rdmaswap {
 // Returns "" on success, else why not.
 std::string set_io_flusher();
 
+// SCHED_RR at `priority` (1-99) for the calling thread; threads created afterwards inherit it,
+// so call it before starting any. Needs CAP_SYS_NICE or a sufficient RLIMIT_RTPRIO. Besides
+// the scheduling, the page allocator lets real-time tasks take pages below the min watermark
+// (a quarter of vm.min_free_kbytes), which ordinary tasks cannot: when the whole host is short
+// of memory and every page-out waits on this process, its socket buffers and kernel objects
+// still come from that reserve instead of waiting on the reclaim that waits on it.
+// Returns "" on success, else why not.
+std::string set_realtime(int priority = 1);
+
 // Locks the pages mapped now (MCL_CURRENT) and makes every later mapping locked as it is faulted
 // in (MCL_FUTURE | MCL_ONFAULT: a new 8 MiB thread stack does not get populated at once).
 // Returns "" on success, else why not.

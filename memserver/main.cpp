@@ -31,6 +31,7 @@ int main(int argc, char **argv)
 	MemserverOptions opts;
 	std::string capacity = "1G", slab_size = "256M", transport = "auto", level = "info";
 	std::string reserve;
+	bool realtime = false;
 	std::vector<std::string> key_files;
 	unsigned handshake_ms = 5000;
 	app.add_option("--listen", opts.listen, "address to listen on (default 0.0.0.0)");
@@ -51,6 +52,9 @@ int main(int argc, char **argv)
 	app.add_option("--reserve", reserve,
 		       "give slabs back to this host while its MemAvailable is below SIZE, "
 		       "e.g. 2G (default: off)");
+	app.add_flag("--realtime", realtime,
+		     "run at SCHED_RR priority 1, for a host that swaps into this memserver "
+		     "itself (see rdmaswap-memserver(8))");
 	app.add_option("--log-level", level, "trace, debug, info, warn, error (default info)");
 	CLI11_PARSE(app, argc, argv);
 
@@ -122,6 +126,15 @@ int main(int argc, char **argv)
 				  "for this memserver may deadlock under memory pressure", why);
 		if (auto why = lock_memory_onfault(); !why.empty())
 			log->warn("{}: the memserver's own pages may be swapped out", why);
+	}
+	// On a host that swaps into this memserver, its socket buffers and its memory-region
+	// registrations must not wait on reclaim either: real-time threads may allocate below
+	// the min watermark. Before any thread starts, so all inherit it.
+	if (realtime) {
+		if (auto why = set_realtime(1); !why.empty()) {
+			log->error("--realtime: {} (needs CAP_SYS_NICE)", why);
+			return 1;
+		}
 	}
 	try {
 		Memserver server(opts);

@@ -64,6 +64,8 @@ struct Config {
 	bool insecure = false;
 	std::string volume;    // volume=; default: default_volume_name()
 	unsigned lease = 60;   // lease=SECONDS; 0: nothing survives the plugin
+	unsigned realtime = 1; // realtime=PRIORITY: SCHED_RR priority of nbdkit's threads; 0: off
+	bool realtime_set = false;
 } g_cfg;
 std::vector<Endpoint> g_reachable; // servers that answered in get_ready
 std::unique_ptr<rdma::ClientContext> g_rdma;
@@ -241,6 +243,15 @@ int rdmaswap_config(const char *key, const char *value)
 			nbdkit_error("rdmaswap: lease=%s: seconds between 0 and 604800", value);
 			return -1;
 		}
+	} else if (k == "realtime") {
+		if (nbdkit_parse_unsigned("realtime", value, &g_cfg.realtime) < 0)
+			return -1;
+		if (g_cfg.realtime > 99) {
+			nbdkit_error("rdmaswap: realtime=%s: a SCHED_RR priority between 1 and 99, "
+				     "or 0 to leave the scheduling alone", value);
+			return -1;
+		}
+		g_cfg.realtime_set = true;
 	} else if (k == "insecure") {
 		const int b = nbdkit_parse_bool(value);
 		if (b < 0)
@@ -361,6 +372,18 @@ int rdmaswap_after_fork()
 	// threads nbdkit starts after this.
 	if (const auto why = set_io_flusher(); !why.empty())
 		nbdkit_debug("rdmaswap: %s", why.c_str());
+	// Real-time threads may take pages from the reserve below the min watermark: when the
+	// whole host is short of memory, a reply to the kernel (a socket buffer) must not wait on
+	// the reclaim that waits on that reply. Inherited by the threads nbdkit starts after this.
+	if (g_cfg.realtime) {
+		if (const auto why = set_realtime(int(g_cfg.realtime)); !why.empty()) {
+			if (g_cfg.realtime_set)
+				nbdkit_error("rdmaswap: warning: realtime=%u: %s (needs CAP_SYS_NICE)",
+					     g_cfg.realtime, why.c_str());
+			else
+				nbdkit_debug("rdmaswap: %s (needs CAP_SYS_NICE)", why.c_str());
+		}
+	}
 	try {
 		g_chosen = g_cfg.transport;
 		if (g_chosen == TransportKind::Auto) {
@@ -494,7 +517,10 @@ struct nbdkit_plugin make_plugin()
 			"volume=NAME         the volume's id on the memservers (default: derived\n"
 			"                    from host name, size and servers)\n"
 			"lease=SECONDS       keep the slabs this long after nbdkit exits, for a\n"
-			"                    restarted nbdkit to reattach (default 60; 0: free them)";
+			"                    restarted nbdkit to reattach (default 60; 0: free them)\n"
+			"realtime=PRIORITY   SCHED_RR priority of nbdkit's threads, so that they may\n"
+			"                    use the kernel's reserve under memory pressure\n"
+			"                    (default 1; 0: leave the scheduling alone)";
 	p.magic_config_key = "server";
 	p.dump_plugin = rdmaswap_dump_plugin;
 	p.get_ready = rdmaswap_get_ready;

@@ -88,11 +88,7 @@ if [ "$extra" != 0 ]; then
 	extra_pid=$!
 fi
 if [ $main_built = 1 ]; then
-	# The whole-VM pressure test (suite vm-stress) deadlocks in about half the runs (see
-	# tests/vm/meson.build): run it only when asked.
-	stress=(--no-suite vm-stress)
-	[ "${RDMASWAP_STRESS:-0}" = 1 ] && stress=()
-	run_tests main "$build" "${stress[@]}" "$@" || rc=1
+	run_tests main "$build" "$@" || rc=1
 	logs+=("$build/meson-logs/testlog.json")
 fi
 if [ "$extra" != 0 ]; then

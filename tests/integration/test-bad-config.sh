@@ -47,7 +47,21 @@ expect_fail() {
 start_nbdkit good -- "$good" size=16M
 timeout 20 nbdinfo --size "$NBDKIT_URI" | grep -qx 16777216 || fail "good configuration does not serve 16M"
 
+# realtime= (default 1): with CAP_SYS_NICE every thread nbdkit serves with is SCHED_RR (policy,
+# field 41 of stat, is 2; $40 once "pid (comm) " is cut to "pid ")
+capeff=$(awk '$1 == "CapEff:" { print $2 }' /proc/self/status)
+if (((0x${capeff:-0} >> 23) & 1)); then # CAP_SYS_NICE
+    policies=$(for st in /proc/"$NBDKIT_PID"/task/*/stat; do
+        sed 's/^\([0-9]*\) .*) /\1 /' "$st" | awk '{ print $40 }'; done | sort | uniq -c | tr '\n' ' ')
+    log "nbdkit thread policies (count policy): $policies"
+    [[ $policies =~ ^\ *[0-9]+\ 2\ $ ]] || fail "realtime=1 (default): nbdkit threads not all SCHED_RR: $policies"
+else
+    log "no CAP_SYS_NICE: realtime=1 cannot take effect here, not checked"
+fi
+
 expect_fail 'bogus'                 "$good" size=16M bogus=1
+expect_fail 'realtime'              "$good" size=16M realtime=100
+expect_fail 'realtime'              "$good" size=16M realtime=high
 expect_fail 'size'                  "$good"
 expect_fail 'size'                  "$good" size=banana
 expect_fail 'size'                  "$good" size=-1M

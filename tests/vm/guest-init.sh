@@ -37,6 +37,7 @@ SERVER_WAIT_PEER=240   # twohost: seconds the client waits for the server's mems
 DD_MIB=4               # twohost: MiB written to /dev/nbd0 and read back before swapping
 PREFILL=0              # 1: write all of /dev/nbd0 before mkswap (see prefill())
 PLUGIN_ARGS=""         # extra rdmaswap plugin parameters (e.g. timeout=2)
+REALTIME=1             # 0: plugin realtime=0, memservers without --realtime (diagnostic)
 MEMPLUGIN_SIZE=1G      # nbdkit memory plugin size (memory mode)
 NBDKIT_STATS=0         # 1: add nbdkit's stats filter and print its report
 SERVER_WAIT=60         # seconds to wait for the memserver to answer rdmaswapctl
@@ -79,6 +80,9 @@ NBDKIT_WRAP=""         # command words before nbdkit (alloc runs)
 [ -n "$NBD_SIZE" ] || NBD_SIZE=$CAPACITY
 [ -n "$REA_VOLUME2" ] || REA_VOLUME2=$REA_VOLUME
 [ -n "$RUNS" ] || RUNS=$MODE
+# --realtime: this VM swaps into the memservers it runs itself (rdmaswap-memserver(8))
+MS_RT=--realtime
+if [ "$REALTIME" = 0 ]; then MS_RT=""; PLUGIN_ARGS="realtime=0${PLUGIN_ARGS:+ $PLUGIN_ARGS}"; fi
 # cryptsetup's libdevmapper: no udev in this VM, it makes the /dev/mapper nodes itself
 DM_DISABLE_UDEV=1
 export DM_DISABLE_UDEV
@@ -210,6 +214,22 @@ wait_until() {
 vmstat() { sed -n "s/^$1 //p" /proc/vmstat; }
 meminfo_kib() { sed -n "s/^$1:[[:space:]]*\([0-9]*\) kB/\1/p" /proc/meminfo; }
 proc_status_kib() { sed -n "s/^$2:[[:space:]]*\([0-9]*\) kB/\1/p" "/proc/$1/status" 2>/dev/null; }
+
+# cpu_s PID: user + system CPU seconds of PID so far (fields 14 and 15 of stat, in 1/100 s;
+# $13 and $14 once "pid (comm) " is cut to "pid ")
+cpu_s() {
+    sed 's/^\([0-9]*\) .*) /\1 /' "/proc/$1/stat" 2>/dev/null \
+        | awk '{ printf "%.2f", ($13 + $14) / 100 }'
+}
+
+# not_realtime PID: the threads of PID that are not SCHED_RR, as "tid:policy" words (empty when
+# all are). The policy is field 41 of stat (SCHED_RR is 2); once "pid (comm) " is cut to "pid "
+# it is awk's $40.
+not_realtime() {
+    for _st in /proc/"$1"/task/*/stat; do
+        sed 's/^\([0-9]*\) .*) /\1 /' "$_st" 2>/dev/null | awk '$40 != 2 { print $1 ":" $40 }'
+    done
+}
 
 # size_kib 384M|1G|...: KiB
 size_kib() {
@@ -407,10 +427,10 @@ ms_ready() { alive "$MS_PID" && ctl_ok; }
 
 # start_memserver TRANSPORT
 start_memserver() {
-    say "starting rdmaswap-memserver --transport $1 --capacity $CAPACITY --slab-size $SLAB"
+    say "starting rdmaswap-memserver --transport $1 --capacity $CAPACITY --slab-size $SLAB $MS_RT"
     # shellcheck disable=SC2086
     $MS_WRAP rdmaswap-memserver --listen "$ADDR" --port "$PORT" --capacity "$CAPACITY" \
-        --slab-size "$SLAB" --transport "$1" --auth-key "$AUTH_KEY" > "$MS_LOG" 2>&1 &
+        --slab-size "$SLAB" --transport "$1" --auth-key "$AUTH_KEY" $MS_RT > "$MS_LOG" 2>&1 &
     MS_PID=$!
     echo -1000 > "/proc/$MS_PID/oom_score_adj" 2>/dev/null
     _t0=$(uptime_s)
@@ -653,6 +673,18 @@ pressure_workload() {
             "nbdkit VmLck $(proc_status_kib "$NBDKIT_PID" VmLck) kB"
         [ "${_lck:-0}" -ge "$_cap" ] \
             || fail "[$1] the memserver's pool is not locked: VmLck ${_lck:-?} kB < capacity $_cap kB"
+        _nrt=$(not_realtime "$MS_PID")
+        [ "$REALTIME" = 0 ] || [ -z "$_nrt" ] \
+            || fail "[$1] memserver threads not SCHED_RR (tid:policy): $_nrt"
+    fi
+    # The plugin's realtime=1 (default): nbdkit's threads may use the reserve below the min
+    # watermark, which swapload cannot (README, "A second cycle").
+    _nrt=$(not_realtime "$NBDKIT_PID")
+    if [ "$REALTIME" = 1 ]; then
+        [ -z "$_nrt" ] || fail "[$1] nbdkit threads not SCHED_RR (tid:policy): $_nrt"
+        say "[$1] every nbdkit${MS_PID:+ and memserver} thread is SCHED_RR"
+    else
+        say "[$1] --no-realtime: nbdkit and memserver at normal priority (diagnostic run)"
     fi
     _avail=$(meminfo_kib MemAvailable)
     W_MIB=$((_avail / 1024 + PRESSURE_EXTRA))
@@ -663,11 +695,14 @@ pressure_workload() {
     say "[$1] swapload --mib $W_MIB (MemAvailable + $PRESSURE_EXTRA MiB) --passes $PASSES," \
         "no cgroup: the whole VM is short of memory"
     _t0=$(uptime_s)
+    _ncpu0=$(cpu_s "$NBDKIT_PID")
+    _mcpu0=$(cpu_s "${MS_PID:-0}")
     # shellcheck disable=SC2086
     run_bounded "$WORK_TIMEOUT" /run/swapload.out \
         swapload --mib "$W_MIB" --passes "$PASSES" --seed "$SEED" $SWAPLOAD_ARGS
     _rc=$?
     _t1=$(uptime_s)
+    say "[$1] CPU seconds during swapload: nbdkit $(echo "$(cpu_s "$NBDKIT_PID") $_ncpu0" | awk '{ print $1 - $2 }')${MS_PID:+, memserver $(echo "$(cpu_s "$MS_PID") $_mcpu0" | awk '{ print $1 - $2 }')}"
     W_OUT=$(($(vmstat pswpout) - _out0))
     W_IN=$(($(vmstat pswpin) - _in0))
     W_SECS=$(elapsed "$_t0" "$_t1")
@@ -856,7 +891,7 @@ start_memservers() {
     while [ "$_i" -le "$1" ]; do
         _p=$(rep_port "$_i")
         rdmaswap-memserver --listen "$ADDR" --port "$_p" --capacity "$3" \
-            --slab-size "$4" --transport "$2" --auth-key "$AUTH_KEY" \
+            --slab-size "$4" --transport "$2" --auth-key "$AUTH_KEY" $MS_RT \
             > "/run/memserver-$_i.log" 2>&1 &
         eval "REP_PID$_i=$!"
         echo -1000 > "/proc/$!/oom_score_adj" 2>/dev/null

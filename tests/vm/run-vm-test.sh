@@ -26,6 +26,8 @@ usage: run-vm-test.sh [--mode rdma|tcp|memory|kill|pressure|twohost] [--bench] [
                     memory region registered) before the workload: a diagnostic workaround for
                     the slab-grant deadlock under whole-VM pressure (see README)
   --plugin-args S   extra rdmaswap plugin parameters, e.g. "timeout=2"
+  --no-realtime     plugin realtime=0 and memservers without --realtime: a diagnostic, to see
+                    the whole-VM pressure deadlock that real-time priority prevents (README)
   --runs L          one boot, these swap runs in order (comma-separated), then a table; a run
                     is [pressure-][crypt-]rdma|tcp|memory, e.g. pressure-rdma,pressure-tcp,crypt-rdma,
                     or repkill-rdma|tcp, or alloc-rdma|tcp (below)
@@ -90,6 +92,7 @@ TRANSPORTS=rdma
 CRYPT=0
 PREFILL=0
 PLUGIN_ARGS=""
+REALTIME=1
 RUNS=""
 EXTRA_RUNS=""
 REPLICAS=2
@@ -133,6 +136,7 @@ while [ $# -gt 0 ]; do
         --crypt) CRYPT=1 ;;
         --prefill) PREFILL=1 ;;
         --plugin-args) PLUGIN_ARGS=${2?}; shift ;;
+        --no-realtime) REALTIME=0 ;;
         --runs) RUNS=${2:?}; MODE=runs; shift ;;
         --extra-runs) EXTRA_RUNS=${2:?}; shift ;;
         --replicas) REPLICAS=${2:?}; shift ;;
@@ -563,6 +567,7 @@ PRESSURE_EXTRA=$PRESSURE_EXTRA
 PEER_WAIT=$PEER_WAIT
 PREFILL=$PREFILL
 PLUGIN_ARGS="$PLUGIN_ARGS"
+REALTIME=$REALTIME
 PASSES=$PASSES
 REP_REPLICAS=$REPLICAS
 REA_LEASE=$REA_LEASE
