@@ -215,21 +215,16 @@ vmstat() { sed -n "s/^$1 //p" /proc/vmstat; }
 meminfo_kib() { sed -n "s/^$1:[[:space:]]*\([0-9]*\) kB/\1/p" /proc/meminfo; }
 proc_status_kib() { sed -n "s/^$2:[[:space:]]*\([0-9]*\) kB/\1/p" "/proc/$1/status" 2>/dev/null; }
 
-# cpu_s PID: user + system CPU seconds of PID so far (fields 14 and 15 of stat, in 1/100 s;
-# $13 and $14 once "pid (comm) " is cut to "pid ")
-cpu_s() {
-    sed 's/^\([0-9]*\) .*) /\1 /' "/proc/$1/stat" 2>/dev/null \
-        | awk '{ printf "%.2f", ($13 + $14) / 100 }'
-}
+# stat_fields FILE...: each /proc stat line with "pid (comm) " cut to "pid " (comm may hold
+# spaces and parentheses), so that field N > 2 of stat(5) is awk's $(N-1)
+stat_fields() { sed 's/^\([0-9]*\) .*) /\1 /' "$@" 2>/dev/null; }
 
-# not_realtime PID: the threads of PID that are not SCHED_RR, as "tid:policy" words (empty when
-# all are). The policy is field 41 of stat (SCHED_RR is 2); once "pid (comm) " is cut to "pid "
-# it is awk's $40.
-not_realtime() {
-    for _st in /proc/"$1"/task/*/stat; do
-        sed 's/^\([0-9]*\) .*) /\1 /' "$_st" 2>/dev/null | awk '$40 != 2 { print $1 ":" $40 }'
-    done
-}
+# cpu_s PID: user + system CPU seconds of PID so far (fields 14 and 15, in 1/100 s)
+cpu_s() { stat_fields "/proc/$1/stat" | awk '{ printf "%.2f", ($13 + $14) / 100 }'; }
+
+# not_realtime PID: the threads of PID that are not SCHED_RR (policy, field 41, is 2), as
+# "tid:policy" words (empty when all are)
+not_realtime() { stat_fields /proc/"$1"/task/*/stat | awk '$40 != 2 { print $1 ":" $40 }'; }
 
 # size_kib 384M|1G|...: KiB
 size_kib() {
