@@ -4,14 +4,18 @@
 //
 // Contracts:
 // - Thread-safe. The I/O path allocates no memory and takes no lock shared by all threads:
-//   each worker uses its own channel (own connections and registered buffer) and takes only
+//   a request takes a free data channel (own connections and registered buffer) and only
 //   the per-slab locks of the slabs it touches.
+// - Every wait of an operation is bounded by `timeout` (a data round trip, a control call,
+//   a lock): a hung or trickling donor costs at most that, then the request fails over to
+//   another replica or fails with EIO. No thread waits on the network while holding a slab
+//   lock exclusively or a channel other than its own (docs/architecture.md, "Concurrency
+//   model: the volume").
 // - A range never written (or trimmed) reads as zeros without a network round trip.
 // - A write returns 0 only when every byte is held by at least one replica that is still
 //   valid; replicas that failed it are invalidated (never read again) and repaired later.
 // - A read that fails on one replica falls back to another. When no valid replica of a slab
 //   is left, its reads and writes fail with EIO: never zeros, never stale bytes.
-// - A background thread restores `replicas` copies of degraded slabs on other donors.
 // - Reattach (servers bound to a volume, Server::bound()): every replica is
 //   tagged on its memserver with (chunk, epoch). A write acknowledged by fewer than
 //   `replicas` replicas first raises the epoch of those that took it above every replica
@@ -20,6 +24,8 @@
 //   missed an acknowledged write. See docs/replication.md, "Restart".
 // - A background thread restores `replicas` copies of degraded slabs on other donors, and
 //   moves slabs that their donor wants back (give-back) to other donors before freeing them.
+//   Both copy while the slab keeps serving reads and writes, and switch over in a short
+//   exclusive section.
 #pragma once
 
 #include <atomic>
@@ -30,12 +36,12 @@
 #include <memory>
 #include <mutex>
 #include <random>
-#include <shared_mutex>
 #include <string>
 #include <span>
 #include <thread>
 #include <vector>
 
+#include "common/slab_lock.h"
 #include "common/transport.h"
 
 namespace rdmaswap {
@@ -48,7 +54,8 @@ struct VolumeOptions {
 	unsigned channels = 16;
 	// Registered bounce buffer per channel; requests larger than this are split.
 	size_t buffer_size = 256 * 1024;
-	// Bound on waiting for another thread's allocation or release of a slab.
+	// Bound on every wait of one operation: a data round trip, a control call, a channel or
+	// slab lock (the data paths and control connections are made with the same timeout).
 	std::chrono::milliseconds timeout{10000};
 	// Copies of each slab on distinct donors (1..kMaxReplicas, at most the server count).
 	unsigned replicas = 1;
@@ -77,6 +84,8 @@ struct VolumeStats {
 	uint64_t migrate_bytes = 0;   // bytes copied by those moves
 	uint64_t migrate_ms = 0;      // time spent copying them (throughput: bytes / time)
 	uint64_t migrate_pending = 0; // slabs wanted back that could not move (last pass)
+	uint64_t clone_aborts = 0;    // copies abandoned (a donor failed, or I/O needed the slab)
+	uint64_t switch_us_max = 0;   // longest exclusive switch-over section after a copy
 };
 
 class Volume {
@@ -114,20 +123,43 @@ public:
 	void kick_repair();
 
 private:
+	using Clock = std::chrono::steady_clock;
 	struct Replica {
 		uint16_t server = 0;
 		uint32_t gen = 0; // the server's generation when this replica was last known good
 		SlabGrant grant;
 		uint64_t epoch = 0; // its tag's epoch on the server (bound volumes)
 	};
+	// A slab being copied to a new replica (repair, give-back move): writes that land while
+	// the copy runs mark the blocks they touched, and those blocks are copied again.
+	struct CloneJob {
+		uint64_t block = 0;  // bytes per dirty bit
+		uint64_t nblocks = 0;
+		std::unique_ptr<std::atomic<uint64_t>[]> dirty; // nblocks bits
+		void mark(uint64_t off, uint64_t len);
+		// Take (and clear) the dirty bit of block b.
+		bool take(uint64_t b);
+		uint64_t count() const;
+	};
+	// Locking (docs/architecture.md, "Concurrency model: the volume"):
+	// - `mu` (writer-preferring, timed): shared for one chunk's data round trip; exclusive only
+	//   for short sections with no network wait that change the replica set (install after
+	//   an allocation, detach for a trim, switch after a clone).
+	// - `maint`: serialises the slow, networked changes of one slab (allocation, trim, slow
+	//   fencing, repair and move copies). Never taken by reads; writes take it only to
+	//   allocate an empty slab or to fence a degraded write. Held across control RPCs, never
+	//   with `mu` held across them. A waiter sets `yield` so that a long copy gives way.
+	// - `epoch_mu`: the epochs (rep[k].epoch, epoch, floored); never held across a wait.
+	// rep[]/nrep/lost change only with `maint` and `mu` exclusive both held.
 	struct Slab {
-		mutable std::shared_mutex mu; // shared: I/O; exclusive: allocate, trim, repair
+		mutable SlabLock mu;
+		std::timed_mutex maint;
+		std::atomic<unsigned> yield{0};     // threads waiting for `maint`
 		uint8_t nrep = 0;             // 0: never written (reads zeros)
 		bool lost = false;            // nrep 0 after a reattach that could not find it: EIO
 		Replica rep[kMaxReplicas];
-		// Bound volumes. `epoch`: the chunk's epoch (new replicas get it); changed under
-		// epoch_mu (with mu shared) or with mu exclusive. `floored`: floors recorded up to.
-		std::mutex epoch_mu;
+		std::atomic<CloneJob *> clone{nullptr}; // set while a copy of this slab runs
+		mutable std::mutex epoch_mu;
 		uint64_t epoch = 1;
 		uint64_t floored = 0;
 	};
@@ -137,9 +169,30 @@ private:
 		std::atomic<uint32_t> used{0};      // slabs this volume holds there
 	};
 	struct Channel {
-		std::mutex mu;
+		std::timed_mutex mu;
 		std::byte *buf = nullptr;
 		std::vector<std::unique_ptr<DataPath>> paths; // one per server
+	};
+	// A channel held by this thread until destroyed (null if none could be had in time).
+	class ChannelRef {
+	public:
+		ChannelRef() = default;
+		explicit ChannelRef(Channel *c) : c_(c) {}
+		~ChannelRef() { reset(); }
+		ChannelRef(ChannelRef &&o) noexcept : c_(o.c_) { o.c_ = nullptr; }
+		ChannelRef &operator=(ChannelRef &&) = delete;
+		Channel *operator->() const { return c_; }
+		Channel &operator*() const { return *c_; }
+		explicit operator bool() const { return c_ != nullptr; }
+		void reset()
+		{
+			if (c_)
+				c_->mu.unlock();
+			c_ = nullptr;
+		}
+
+	private:
+		Channel *c_ = nullptr;
 	};
 	struct Piece {
 		uint64_t slab;
@@ -147,8 +200,21 @@ private:
 		uint32_t len;
 		uint32_t pos;   // within the chunk / channel buffer
 	};
+	// Which replicas of one slab took a write: (server, slab id) of each, so that the slow
+	// fence finds them again after the slab's lock was dropped.
+	struct Took {
+		uint64_t slab = 0;
+		uint8_t n = 0;
+		uint16_t server[kMaxReplicas];
+		uint32_t id[kMaxReplicas];
+	};
 
-	Channel &channel();
+	Clock::time_point deadline() const { return Clock::now() + timeout_; }
+	// Take `s.maint` by `until`, asking a copy of the slab in progress to give way.
+	bool lock_maint(Slab &s, Clock::time_point until);
+	// A free data channel: the first one free from this thread's usual one on, else wait for
+	// the usual one until the timeout. Null (after a debug log) if none came free in time.
+	ChannelRef channel();
 	int check_range(uint64_t count, uint64_t offset) const;
 	// Length of the chunk starting at `at` with `left` bytes to go.
 	uint32_t chunk_len(uint64_t at, uint64_t left) const;
@@ -159,37 +225,63 @@ private:
 	// A replica on `server` missed a write that another replica took, or failed a read that
 	// another replica can serve: none of its replicas is read again (they are repaired).
 	void invalidate(uint16_t server);
-	// `server` failed a control call: give it no new slabs for a while.
+	// `server` failed a call: give it no new slabs (and ask it nothing optional) for a while.
 	void mark_down(uint16_t server);
+	bool is_down(uint16_t server) const;
 	// Choose up to `want` donors for a slab (power of two choices), avoiding `exclude` and,
 	// unless nothing else has room, donors on cooldown. Returns how many went to `out`.
 	unsigned place(unsigned want, std::span<const uint16_t> exclude, uint16_t *out);
-	// Give `s` (exclusively locked, empty) `replicas_` replicas. 0, ENOSPC or EIO.
-	int allocate(Slab &s);
-	// Lock `slab` shared, allocating it first if it is empty. 0 or errno (unlocked on error).
-	int lock_for_write(uint64_t slab);
+	// Grants for up to `want` new replicas of `slab` (tagged with `epoch`), on donors not in
+	// `exclude`; no lock held (control RPCs). Returns how many went to `out`; `err` is ENOSPC
+	// or EIO when it is 0.
+	unsigned grant(uint64_t slab, uint64_t epoch, unsigned want, std::span<const uint16_t> exclude,
+		       Replica *out, int &err);
+	// Give every slab in [first, last] that has no replica its replicas (first writes).
+	// Takes each slab's `maint`, no other lock. 0, ENOSPC or EIO.
+	int ensure_allocated(uint64_t first, uint64_t last);
 	int give_back(uint64_t slab);
 	// Return one replica's slab to its server: freed at once if the server is healthy,
 	// otherwise forgotten (reclaimed later) so that a hung donor never blocks us.
 	// True if the server confirmed it took the slab back (or the session is gone with it).
+	// Never called with a slab lock held.
 	bool release_replica(const Replica &r);
 	// Record `epoch` as the floor of `slab` on every healthy donor not in `skip` (bit per
-	// server). Best effort.
+	// server). Best effort; a donor that fails is marked down (not asked again meanwhile).
 	void record_floor(uint64_t slab, uint64_t epoch, uint64_t skip);
+	// Read [at, at+len) into the channel buffer. 0 or EIO.
 	int read_chunk(Channel &ch, uint64_t at, uint32_t len);
-	// Write the channel buffer's first `len` bytes to [at, at+len).
-	int write_chunk(Channel &ch, uint64_t at, uint32_t len);
+	// Write the channel buffer's first `len` bytes to [at, at+len). 0, EIO, or EAGAIN when a
+	// slab turned out empty (trimmed meanwhile: allocate and write again). Slabs whose write
+	// was taken by fewer than `replicas` replicas and that need fencing go to `fence`/`nfence`.
+	int write_chunk(Channel &ch, uint64_t at, uint32_t len, Took *fence, unsigned &nfence);
+	// Write `count` bytes from `src` (zeros if null) at `offset`: allocating empty slabs
+	// first (`allocate`), or skipping them (they read zeros already). 0 or an errno.
+	int write_range(const std::byte *src, uint64_t count, uint64_t offset, bool allocate);
 	// Take over what the memservers kept for our volume (constructor, bound volumes).
 	void recover(unsigned missing);
-	// A write of slab `slab` was taken by the replicas in `took` (bit k: rep[k]) only, fewer
-	// than replicas_: make sure their epoch is above every other replica's and recorded as
-	// a floor elsewhere before it is acknowledged. 0 or EIO. Slab held shared.
-	int fence_stale(uint64_t slab, uint8_t took);
+	// Fencing of a write taken by fewer than `replicas` replicas (bound volumes): the
+	// replicas that took it must carry an epoch above every replica that did not, recorded
+	// as a floor elsewhere, before the write is acknowledged.
+	// fenced(): true if that holds already (slab locked shared by the caller; no wait).
+	bool fenced(const Slab &s, uint8_t took) const;
+	// fence_slow(): make it hold with control RPCs. Caller holds `maint` and no slab lock.
+	// 0 or EIO (no replica that took the write could be marked newest).
+	int fence_slow(uint64_t slab, const Took &took);
+	// The write path's fence: takes `maint` (bounded), then fence_slow. 0 or EIO.
+	int fence_write(const Took &took);
 	void repair_loop();
-	// Copy the whole slab from replica `src` into grant `g` on server `dst` through `ch`,
-	// counting the bytes in `bytes`. False if a transfer failed (that donor is marked down).
-	bool copy_slab(Channel &ch, const Replica &src, uint16_t dst, const SlabGrant &g,
-		       std::atomic<uint64_t> &bytes);
+	// Copy slab `slab` from replica `src` to a new replica on `dst` while the slab keeps
+	// serving (writes landing meanwhile are copied again), then switch over in a short
+	// exclusive section: `replace` (index into rep[] of the replica it replaces) or, if -1, as
+	// an added replica. Caller holds `maint`. True if switched.
+	// `dst` is a fresh grant (tagged epoch 0); on failure it is given back.
+	bool clone(uint64_t slab, Replica src, Replica dst, int replace, Channel &ch,
+		   std::atomic<uint64_t> &bytes);
+	// Copy the blocks whose dirty bit is set (all of them on the first pass) from `src` to
+	// `dst`, pipelined. False on a transfer failure (that donor is marked down) or, with
+	// `may_yield`, when another thread waits for the slab's `maint`.
+	bool copy_dirty(Slab &s, const Replica &src, const Replica &dst, Channel &ch,
+			std::atomic<uint64_t> &bytes, bool may_yield);
 	// Give-back: ask every donor which of our slabs it wants back and move them. Returns the
 	// number of wanted slabs that could not move.
 	uint64_t migrate_wanted(Channel &ch);
@@ -205,13 +297,16 @@ private:
 	uint64_t slab_size_ = 0;
 	const size_t buffer_size_;
 	unsigned replicas_ = 1;
+	const std::chrono::milliseconds timeout_;
 	const std::chrono::milliseconds repair_interval_;
 	const std::chrono::milliseconds down_cooldown_;
 	std::unique_ptr<Slab[]> slabs_;
 	uint64_t nslabs_ = 0;
 	std::byte *region_ = nullptr;
 	size_t region_len_ = 0;
-	std::vector<std::unique_ptr<Channel>> channels_; // the last one belongs to repair
+	std::vector<std::unique_ptr<Channel>> channels_; // I/O channels
+	std::unique_ptr<Channel> maint_ch_;              // the maintenance thread's (2 windows)
+	CloneJob clone_job_;                             // one copy at a time (maintenance thread)
 	std::mutex place_mu_;  // placement (rng, load snapshot): allocation path only
 	std::minstd_rand rng_;
 
@@ -219,10 +314,11 @@ private:
 	std::atomic<uint64_t> repaired_{0}, repair_bytes_{0}, server_failures_{0};
 	std::atomic<uint64_t> epoch_raises_{0}, reattached_{0}, reattach_stale_{0};
 	std::atomic<uint64_t> migrated_{0}, migrate_bytes_{0}, migrate_pending_{0}, migrate_ns_{0};
+	std::atomic<uint64_t> clone_aborts_{0}, switch_ns_max_{0};
 	std::mutex repair_mu_;
 	std::condition_variable repair_cv_;
 	bool repair_kick_ = false;
-	bool stop_ = false;
+	std::atomic<bool> stop_{false};
 	std::thread repair_thread_;
 	// Give-back: a thread of its own asks the donors which slabs they want back (WANTED), so
 	// that a hung donor stalls it, never the repair thread; migrate_wanted() takes its lists.

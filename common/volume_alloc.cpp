@@ -1,0 +1,200 @@
+// SPDX-License-Identifier: MIT
+// Volume: placement, allocation of a slab's replicas on its first write, and giving slabs
+// back (trim). Control calls here run with no slab lock and no channel held; the slab's
+// `maint` lock orders them.
+#include "common/volume.h"
+
+#include <cerrno>
+#include <cstring>
+
+#include "common/log.h"
+#include "common/placement.h"
+#include "common/volume_internal.h"
+
+namespace rdmaswap {
+
+bool Volume::lock_maint(Slab &s, Clock::time_point until)
+{
+	s.yield.fetch_add(1); // a copy in progress gives way (CloneJob)
+	const bool got = s.maint.try_lock_until(until);
+	s.yield.fetch_sub(1);
+	return got;
+}
+
+unsigned Volume::place(unsigned want, std::span<const uint16_t> exclude, uint16_t *out)
+{
+	DonorLoad loads[kMaxServers];
+	std::lock_guard lock(place_mu_); // the rng; held for no network call
+	const int64_t now = now_ns();
+	auto fill = [&](bool allow_down) {
+		for (size_t i = 0; i < servers_.size(); i++) {
+			const ServerInfo &info = servers_[i]->info();
+			const uint32_t free = servers_[i]->slabs_free();
+			loads[i] = DonorLoad{info.slabs_total - std::min(free, info.slabs_total),
+					     info.slabs_total,
+					     servers_[i]->session_alive() &&
+						     (allow_down || now >= sstate_[i].down_until.load())};
+		}
+	};
+	fill(false);
+	unsigned n = place_slab(std::span(loads, servers_.size()), want, exclude, rng_, out);
+	if (n == 0) { // every donor with room recently failed: try them rather than give up
+		fill(true);
+		n = place_slab(std::span(loads, servers_.size()), want, exclude, rng_, out);
+	}
+	return n;
+}
+
+unsigned Volume::grant(uint64_t slab, uint64_t epoch, unsigned want,
+		       std::span<const uint16_t> exclude, Replica *out, int &err)
+{
+	// Donors that were tried (or are excluded) are not chosen again; free counts are always
+	// a little stale, so a donor that turns out full sends us to the next one.
+	uint16_t tried[kMaxServers];
+	unsigned ntried = 0, got = 0;
+	for (uint16_t e : exclude)
+		tried[ntried++] = e;
+	err = ENOSPC;
+	while (got < want && ntried < servers_.size()) {
+		uint16_t chosen[kMaxReplicas];
+		const unsigned n = place(want - got, std::span(tried, ntried), chosen);
+		if (n == 0)
+			break;
+		for (unsigned k = 0; k < n; k++) {
+			const uint16_t i = chosen[k];
+			tried[ntried++] = i;
+			SlabGrant g;
+			const uint32_t gen = sstate_[i].gen.load();
+			const int r = servers_[i]->alloc_tagged(slab, epoch, g);
+			if (r == 0) {
+				out[got++] = Replica{i, gen, g, epoch};
+				sstate_[i].used.fetch_add(1);
+			} else if (r != ENOSPC) {
+				err = EIO;
+				mark_down(i);
+			}
+		}
+	}
+	return got;
+}
+
+int Volume::ensure_allocated(uint64_t first, uint64_t last)
+{
+	for (uint64_t slab = first; slab <= last; slab++) {
+		Slab &s = slabs_[slab];
+		auto state = [&] { // 1: has replicas, 0: empty, -1: lost, -2: lock timed out
+			if (!s.mu.lock_shared_until(deadline()))
+				return -2;
+			const int st = s.nrep ? 1 : s.lost ? -1 : 0;
+			s.mu.unlock_shared();
+			return st;
+		};
+		int st = state();
+		if (st == 1)
+			continue;
+		if (st == -1)
+			return EIO; // lost at reattach: a write must not make the rest read zeros
+		// One allocation of this slab at a time; it may take a control call per donor.
+		if (st == -2 || !lock_maint(s, Clock::now() + 2 * timeout_)) {
+			logger("volume")->error("slab {}: allocation timed out", slab);
+			return EIO;
+		}
+		std::unique_lock maint(s.maint, std::adopt_lock);
+		if ((st = state()) != 0) {
+			if (st == 1)
+				continue;
+			return EIO;
+		}
+		uint64_t epoch;
+		{
+			std::lock_guard lock(s.epoch_mu);
+			epoch = s.epoch;
+		}
+		Replica reps[kMaxReplicas];
+		int err = 0;
+		const unsigned n = grant(slab, epoch, replicas_, {}, reps, err);
+		if (n == 0) {
+			logger("volume")->error("cannot allocate slab {}: {}", slab, std::strerror(err));
+			return err == ENOSPC ? ENOSPC : EIO;
+		}
+		SlabGuard ex(s.mu, SlabGuard::Exclusive, deadline());
+		if (!ex) {
+			for (unsigned k = 0; k < n; k++)
+				release_replica(reps[k]);
+			logger("volume")->error("slab {}: allocation timed out", slab);
+			return EIO;
+		}
+		for (unsigned k = 0; k < n; k++)
+			s.rep[k] = reps[k];
+		s.nrep = uint8_t(n);
+		ex.release();
+		if (n < replicas_)
+			kick_repair(); // degraded from birth: the repair thread adds the missing copies
+	}
+	return 0;
+}
+
+int Volume::give_back(uint64_t slab)
+{
+	Slab &s = slabs_[slab];
+	// `maint` orders this against allocation, fencing and copies of the slab (a copy in
+	// progress gives way); the exclusive section only waits for I/O in flight.
+	if (!lock_maint(s, deadline())) {
+		logger("volume")->warn("trim of slab {}: the slab stayed busy for the timeout", slab);
+		return EIO;
+	}
+	std::unique_lock maint(s.maint, std::adopt_lock);
+	Replica old[kMaxReplicas];
+	unsigned nold = 0;
+	uint64_t epoch = 0;
+	{
+		SlabGuard ex(s.mu, SlabGuard::Exclusive, deadline());
+		if (!ex) {
+			logger("volume")->warn("trim of slab {}: I/O in flight did not end in time", slab);
+			return EIO;
+		}
+		nold = s.nrep;
+		for (unsigned i = 0; i < nold; i++)
+			old[i] = s.rep[i];
+		s.nrep = 0;
+		s.lost = false; // trimmed whole: reads zeros from now on
+		if (tagged_ && nold) {
+			std::lock_guard lock(s.epoch_mu);
+			// Replicas written from now on get a higher epoch than the ones given back.
+			epoch = ++s.epoch;
+		}
+	}
+	bool confirmed = true;
+	for (unsigned i = 0; i < nold; i++)
+		confirmed = release_replica(old[i]) && confirmed;
+	if (tagged_ && nold && !confirmed) {
+		// A donor may still hold a replica with our tag: a restart must not bring its bytes
+		// back. The floor makes the chunk read EIO after a restart if nothing newer exists.
+		// (Under `maint`: floors of one chunk are recorded in order.)
+		record_floor(slab, epoch, 0);
+	}
+	// The content is discarded either way; a slab a server kept is reclaimed when our
+	// session ends (or by reconciliation after an unknown outcome).
+	return 0;
+}
+
+bool Volume::release_replica(const Replica &r)
+{
+	sstate_[r.server].used.fetch_sub(1);
+	Server &srv = *servers_[r.server];
+	if (!srv.session_alive())
+		return true; // gone with its session
+	if (!valid(r) || is_down(r.server)) { // its donor failed and may hang: do not wait on it
+		srv.forget_slab(r.grant.id);
+		return false;
+	}
+	if (int err = srv.free_slab(r.grant.id)) {
+		logger("volume")->warn("memserver {} did not take back slab {}: {}", srv.name(),
+				       r.grant.id, std::strerror(err));
+		mark_down(r.server);
+		return false;
+	}
+	return true;
+}
+
+} // namespace rdmaswap

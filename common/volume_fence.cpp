@@ -1,0 +1,125 @@
+// SPDX-License-Identifier: MIT
+// Volume: epochs and floors of bound volumes (docs/replication.md, "Restart"). A write taken
+// by fewer than `replicas` replicas is acknowledged only once the replicas that took it carry
+// an epoch above every other replica of the chunk, recorded as a floor on the other donors.
+#include "common/volume.h"
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+
+#include "common/log.h"
+#include "common/volume_internal.h"
+
+namespace rdmaswap {
+
+bool Volume::fenced(const Slab &s, uint8_t took) const
+{
+	std::lock_guard lock(s.epoch_mu);
+	uint64_t min_took = UINT64_MAX, max_other = 0;
+	for (unsigned k = 0; k < s.nrep; k++) {
+		const uint64_t e = s.rep[k].epoch;
+		if (took & (1u << k))
+			min_took = std::min(min_took, e);
+		else
+			max_other = std::max(max_other, e);
+	}
+	return min_took > max_other && s.floored >= min_took;
+}
+
+int Volume::fence_write(const Took &took)
+{
+	Slab &s = slabs_[took.slab];
+	if (!lock_maint(s, deadline())) {
+		logger("volume")->warn("slab {}: a degraded write could not be fenced in time: EIO",
+				       took.slab);
+		return EIO;
+	}
+	std::unique_lock maint(s.maint, std::adopt_lock);
+	return fence_slow(took.slab, took);
+}
+
+int Volume::fence_slow(uint64_t slab, const Took &t)
+{
+	Slab &s = slabs_[slab];
+	// rep[] cannot change while we hold `maint`: find the replicas that took the write (the
+	// repair may have dropped some meanwhile; those it added were copied after the write).
+	uint8_t took = 0;
+	for (unsigned k = 0; k < s.nrep; k++)
+		for (unsigned j = 0; j < t.n; j++)
+			if (s.rep[k].server == t.server[j] && s.rep[k].grant.id == t.id[j] &&
+			    valid(s.rep[k]))
+				took |= uint8_t(1u << k);
+	if (!took)
+		return EIO; // no replica that took the write is still valid
+	uint64_t target, min_took = UINT64_MAX;
+	{
+		std::lock_guard lock(s.epoch_mu);
+		uint64_t max_other = 0, max_all = 0;
+		for (unsigned k = 0; k < s.nrep; k++) {
+			const uint64_t e = s.rep[k].epoch;
+			if (took & (1u << k))
+				min_took = std::min(min_took, e);
+			else
+				max_other = std::max(max_other, e);
+			max_all = std::max(max_all, e);
+		}
+		if (min_took > max_other && s.floored >= min_took)
+			return 0; // fenced already (by an earlier write since the replica set shrank)
+		target = min_took > max_other ? min_took : max_all + 1;
+	}
+	uint64_t holders = 0; // servers whose replica now carries `target`
+	for (unsigned k = 0; k < s.nrep; k++) {
+		if (!(took & (1u << k)))
+			continue;
+		Replica &r = s.rep[k];
+		if (r.epoch != target) {
+			if (int err = servers_[r.server]->set_tag(r.grant.id, slab, target)) {
+				logger("volume")->debug("slab {}: raising the epoch on {} failed: {}", slab,
+							servers_[r.server]->name(), std::strerror(err));
+				if (sstate_[r.server].gen.load() == r.gen)
+					invalidate(r.server);
+				continue;
+			}
+			std::lock_guard lock(s.epoch_mu);
+			r.epoch = target;
+		}
+		holders |= uint64_t(1) << r.server;
+	}
+	if (!holders)
+		return EIO; // no replica that took the write could be marked newest
+	if (target != min_took)
+		epoch_raises_.fetch_add(1);
+	{
+		std::lock_guard lock(s.epoch_mu);
+		s.epoch = target;
+	}
+	// Witnesses: the other donors (not those holding a replica of this slab, which are
+	// stale or failed) learn the floor, so that a restart that finds only an older replica
+	// knows it is stale. Best effort, and skipped for donors on cooldown (they may hang).
+	uint64_t others = 0;
+	for (unsigned k = 0; k < s.nrep; k++)
+		others |= uint64_t(1) << s.rep[k].server;
+	record_floor(slab, target, holders | others);
+	std::lock_guard lock(s.epoch_mu);
+	s.floored = target;
+	return 0;
+}
+
+void Volume::record_floor(uint64_t slab, uint64_t epoch, uint64_t skip)
+{
+	for (size_t i = 0; i < servers_.size(); i++) {
+		if (skip & (uint64_t(1) << i) || !servers_[i]->session_alive() ||
+		    is_down(uint16_t(i)))
+			continue;
+		if (int err = servers_[i]->set_floor(slab, epoch)) {
+			// A witness that fails (or hangs for the timeout) is not asked again during
+			// its cooldown: the next degraded write must not wait on it too.
+			logger("volume")->debug("slab {}: floor on {} not recorded: {}", slab,
+						servers_[i]->name(), std::strerror(err));
+			mark_down(uint16_t(i));
+		}
+	}
+}
+
+} // namespace rdmaswap

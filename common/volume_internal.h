@@ -1,0 +1,34 @@
+// SPDX-License-Identifier: MIT
+// Constants and small helpers shared by the files that implement Volume (common/volume*.cpp).
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+
+#include "common/transport.h"
+
+namespace rdmaswap {
+
+// At most this many slabs are touched by one chunk, so one chunk never posts more than
+// kMaxBatch operations to one data path (each piece posts at most once per server).
+inline constexpr unsigned kMaxPieces = 8;
+static_assert(kMaxPieces <= kMaxBatch);
+
+// A copy (repair, give-back move) moves a slab in blocks of this size (smaller for smaller
+// slabs or channel buffers), kMaxBatch blocks in flight, and tracks writes per block.
+inline constexpr uint64_t kCloneBlock = 64 * 1024;
+// A copy switches over once at most this many blocks were written again since they were
+// copied; it gives up after this many passes over a slab that keeps being rewritten, and
+// then copies what is left inside the switch-over section.
+inline constexpr uint64_t kSwitchDirtyBlocks = 4;
+inline constexpr unsigned kMaxCopyPasses = 8;
+inline constexpr unsigned kSwitchTries = 3;
+
+inline int64_t now_ns()
+{
+	return std::chrono::duration_cast<std::chrono::nanoseconds>(
+		       std::chrono::steady_clock::now().time_since_epoch())
+		.count();
+}
+
+} // namespace rdmaswap

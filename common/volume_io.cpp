@@ -1,0 +1,342 @@
+// SPDX-License-Identifier: MIT
+// Volume: the I/O path (reads with failover, writes to every valid replica, trim, zero).
+// Nothing here allocates; every wait ends at the timeout.
+#include "common/volume.h"
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+
+#include "common/log.h"
+#include "common/volume_internal.h"
+
+namespace rdmaswap {
+
+namespace {
+// Unlocks the first `n` slabs of `pieces` that were locked shared.
+template <typename Slabs, typename Pieces>
+void unlock_pieces(Slabs &slabs, const Pieces *pieces, unsigned n)
+{
+	for (unsigned i = 0; i < n; i++)
+		slabs[pieces[i].slab].mu.unlock_shared();
+}
+} // namespace
+
+int Volume::read_chunk(Channel &ch, uint64_t at, uint32_t len)
+{
+	Piece pieces[kMaxPieces];
+	const unsigned n = split(at, len, pieces);
+	const auto until = deadline();
+	for (unsigned i = 0; i < n; i++)
+		if (!slabs_[pieces[i].slab].mu.lock_shared_until(until)) {
+			unlock_pieces(slabs_, pieces, i);
+			logger("volume")->debug("read at {}: slab {} not free within the timeout", at,
+						pieces[i].slab);
+			return EIO;
+		}
+	uint8_t tried[kMaxPieces] = {};   // replica indices tried, per piece
+	int8_t posted[kMaxPieces];        // replica posted this round, -1 if none
+	bool done[kMaxPieces] = {};
+	int err = 0;
+	for (unsigned round = 0; round <= kMaxReplicas && !err; round++) {
+		uint64_t used = 0, post_failed = 0;
+		std::fill(posted, posted + n, int8_t(-1)); // every piece, even after a break
+		for (unsigned i = 0; i < n && !err; i++) {
+			if (done[i])
+				continue;
+			const Piece &p = pieces[i];
+			const Slab &s = slabs_[p.slab];
+			if (s.nrep == 0 && s.lost) { // lost at reattach
+				err = EIO;
+				break;
+			}
+			if (s.nrep == 0) { // never written: zeros, no round trip
+				std::memset(ch.buf + p.pos, 0, p.len);
+				done[i] = true;
+				continue;
+			}
+			int r = -1;
+			for (unsigned k = 0; k < s.nrep && r < 0; k++)
+				if (!(tried[i] & (1u << k)) && valid(s.rep[k]))
+					r = int(k);
+			if (r < 0) {
+				err = EIO; // no valid replica left to read from
+				break;
+			}
+			tried[i] |= uint8_t(1u << r);
+			posted[i] = int8_t(r);
+			const Replica &rep = s.rep[r];
+			used |= uint64_t(1) << rep.server;
+			if (ch.paths[rep.server]->post_read(rep.grant, p.off, p.len, ch.buf + p.pos))
+				post_failed |= uint64_t(1) << rep.server;
+		}
+		if (!used)
+			break;
+		uint64_t failed = post_failed;
+		for (size_t k = 0; k < servers_.size(); k++)
+			if (used & (uint64_t(1) << k))
+				if (ch.paths[k]->complete() != 0)
+					failed |= uint64_t(1) << k;
+		for (unsigned i = 0; i < n; i++) {
+			if (posted[i] < 0)
+				continue;
+			const Slab &s = slabs_[pieces[i].slab];
+			const uint16_t srv = s.rep[posted[i]].server;
+			if (!(failed & (uint64_t(1) << srv))) {
+				done[i] = true;
+				continue;
+			}
+			// Another valid replica can serve it: stop using this donor.
+			for (unsigned k = 0; k < s.nrep; k++)
+				if (s.rep[k].server != srv && valid(s.rep[k])) {
+					if (sstate_[srv].gen.load() == s.rep[posted[i]].gen)
+						invalidate(srv);
+					break;
+				}
+		}
+	}
+	for (unsigned i = 0; i < n; i++)
+		if (!done[i])
+			err = EIO;
+	unlock_pieces(slabs_, pieces, n);
+	if (err)
+		logger("volume")->debug("read of {} bytes at {} failed", len, at);
+	return err;
+}
+
+int Volume::write_chunk(Channel &ch, uint64_t at, uint32_t len, Took *fence, unsigned &nfence)
+{
+	nfence = 0;
+	Piece pieces[kMaxPieces];
+	const unsigned n = split(at, len, pieces);
+	const auto until = deadline();
+	for (unsigned i = 0; i < n; i++) {
+		Slab &s = slabs_[pieces[i].slab];
+		if (!s.mu.lock_shared_until(until)) {
+			unlock_pieces(slabs_, pieces, i);
+			logger("volume")->debug("write at {}: slab {} not free within the timeout", at,
+						pieces[i].slab);
+			return EIO;
+		}
+		if (s.nrep == 0) { // trimmed since it was allocated (or lost at reattach)
+			const bool lost = s.lost;
+			unlock_pieces(slabs_, pieces, i + 1);
+			return lost ? EIO : EAGAIN;
+		}
+	}
+	uint8_t posted[kMaxPieces] = {}; // replica indices written, per piece
+	uint64_t used = 0, post_failed = 0;
+	for (unsigned i = 0; i < n; i++) {
+		const Piece &p = pieces[i];
+		const Slab &s = slabs_[p.slab];
+		for (unsigned k = 0; k < s.nrep; k++) {
+			const Replica &rep = s.rep[k];
+			if (!valid(rep))
+				continue;
+			posted[i] |= uint8_t(1u << k);
+			used |= uint64_t(1) << rep.server;
+			if (ch.paths[rep.server]->post_write(rep.grant, p.off, p.len, ch.buf + p.pos))
+				post_failed |= uint64_t(1) << rep.server;
+		}
+	}
+	uint64_t failed = post_failed;
+	for (size_t k = 0; k < servers_.size(); k++)
+		if (used & (uint64_t(1) << k))
+			if (ch.paths[k]->complete() != 0)
+				failed |= uint64_t(1) << k;
+	// A copy of the slab in progress copies these blocks again (after our write completed,
+	// so that it reads what we wrote; see CloneJob).
+	for (unsigned i = 0; i < n; i++)
+		if (CloneJob *job = slabs_[pieces[i].slab].clone.load())
+			job->mark(pieces[i].off, pieces[i].len);
+	// A replica that failed a write another replica took now differs from it: invalidate
+	// its donor. (If every replica failed, the range is simply unspecified, as after any
+	// failed write, and the request fails.)
+	for (unsigned i = 0; i < n && failed; i++) {
+		const Slab &s = slabs_[pieces[i].slab];
+		bool took = false;
+		for (unsigned k = 0; k < s.nrep; k++)
+			took = took || ((posted[i] & (1u << k)) &&
+					!(failed & (uint64_t(1) << s.rep[k].server)));
+		if (!took)
+			continue;
+		for (unsigned k = 0; k < s.nrep; k++)
+			if ((posted[i] & (1u << k)) && (failed & (uint64_t(1) << s.rep[k].server)) &&
+			    sstate_[s.rep[k].server].gen.load() == s.rep[k].gen)
+				invalidate(s.rep[k].server);
+	}
+	// Done only if some replica that took the write is still valid afterwards (a replica
+	// invalidated meanwhile may have missed an earlier write).
+	int err = 0;
+	for (unsigned i = 0; i < n && !err; i++) {
+		const Slab &s = slabs_[pieces[i].slab];
+		uint8_t took = 0;
+		unsigned ntook = 0;
+		for (unsigned k = 0; k < s.nrep; k++)
+			if ((posted[i] & (1u << k)) &&
+			    !(failed & (uint64_t(1) << s.rep[k].server)) && valid(s.rep[k])) {
+				took |= uint8_t(1u << k);
+				ntook++;
+			}
+		if (ntook == 0) {
+			err = EIO;
+		} else if (tagged_ && ntook < replicas_ && !fenced(s, took)) {
+			// Degraded, and the epochs must be raised first: done by the caller with no
+			// lock held (control calls).
+			Took &t = fence[nfence++];
+			t.slab = pieces[i].slab;
+			t.n = 0;
+			for (unsigned k = 0; k < s.nrep; k++)
+				if (took & (1u << k)) {
+					t.server[t.n] = s.rep[k].server;
+					t.id[t.n++] = s.rep[k].grant.id;
+				}
+		}
+	}
+	unlock_pieces(slabs_, pieces, n);
+	if (err)
+		logger("volume")->debug("write of {} bytes at {} failed: {}", len, at,
+					std::strerror(err));
+	return err;
+}
+
+int Volume::pread(void *buf, uint32_t count, uint64_t offset)
+{
+	if (int r = check_range(count, offset))
+		return r;
+	ChannelRef ch = channel();
+	if (!ch)
+		return EIO;
+	auto *dst = static_cast<std::byte *>(buf);
+	uint64_t done = 0;
+	while (done < count) {
+		const uint64_t at = offset + done;
+		const uint32_t len = chunk_len(at, count - done);
+		if (int r = read_chunk(*ch, at, len))
+			return r;
+		std::memcpy(dst + done, ch->buf, len);
+		done += len;
+	}
+	return 0;
+}
+
+int Volume::write_range(const std::byte *src, uint64_t count, uint64_t offset, bool allocate)
+{
+	if (count == 0)
+		return 0;
+	uint64_t done = 0;
+	// A slab trimmed between its allocation and the write is allocated again, a few times at
+	// most (a trim loop racing us), then the write fails.
+	unsigned retries = 0;
+	while (done < count) {
+		const uint64_t at = offset + done;
+		uint32_t len = chunk_len(at, count - done);
+		if (!allocate) // one slab at a time: an empty one is skipped, not written
+			len = uint32_t(std::min<uint64_t>(len, slab_size_ - at % slab_size_));
+		else if (int err = ensure_allocated(at / slab_size_, (at + len - 1) / slab_size_))
+			return err; // (before taking a channel: allocating makes control calls)
+		Took fence[kMaxPieces];
+		unsigned nfence = 0;
+		int r;
+		{
+			ChannelRef ch = channel();
+			if (!ch)
+				return EIO;
+			if (src)
+				std::memcpy(ch->buf, src + done, len);
+			else
+				std::memset(ch->buf, 0, len);
+			r = write_chunk(*ch, at, len, fence, nfence);
+		}
+		if (r == EAGAIN && !allocate) {
+			r = 0; // zero(): an empty slab reads zeros already
+		} else if (r == EAGAIN) {
+			if (++retries < 4)
+				continue;
+			break;
+		}
+		if (r)
+			return r;
+		for (unsigned i = 0; i < nfence; i++) // degraded: fence before acknowledging
+			if (int err = fence_write(fence[i]))
+				return err;
+		done += len;
+	}
+	if (done == count)
+		return 0;
+	logger("volume")->warn("write at {}: its slab was given back again and again while it was "
+			       "being written; failing the write",
+			       offset + done);
+	return EIO;
+}
+
+int Volume::pwrite(const void *buf, uint32_t count, uint64_t offset)
+{
+	if (int r = check_range(count, offset))
+		return r;
+	return write_range(static_cast<const std::byte *>(buf), count, offset, true);
+}
+
+int Volume::trim(uint32_t count, uint64_t offset)
+{
+	if (int r = check_range(count, offset))
+		return r;
+	const uint64_t end = offset + count;
+	// Whole slabs only; the volume's last slab counts as whole when the range reaches the end.
+	const uint64_t first = (offset + slab_size_ - 1) / slab_size_;
+	const uint64_t last = (end == size_) ? nslabs_ : end / slab_size_;
+	int err = 0;
+	for (uint64_t i = first; i < last; i++)
+		if (int r = give_back(i); r && !err)
+			err = r;
+	return err;
+}
+
+int Volume::zero(uint32_t count, uint64_t offset, bool fast_only)
+{
+	if (int r = check_range(count, offset))
+		return r;
+	if (count == 0)
+		return 0;
+	const uint64_t end = offset + count;
+	const uint64_t first = (offset + slab_size_ - 1) / slab_size_;
+	const uint64_t last = (end == size_) ? nslabs_ : end / slab_size_;
+	// The partial head and tail (if any) need zeros written where their slab holds data.
+	struct Range { uint64_t at, len; } partial[2];
+	unsigned np = 0;
+	if (first >= last) {
+		partial[np++] = {offset, count};
+	} else {
+		if (offset < first * slab_size_)
+			partial[np++] = {offset, first * slab_size_ - offset};
+		if (last * slab_size_ < end)
+			partial[np++] = {last * slab_size_, end - last * slab_size_};
+	}
+	auto has_data = [&](uint64_t slab) {
+		const Slab &s = slabs_[slab];
+		s.mu.lock_shared(); // holders never wait on the network exclusively
+		const bool data = s.nrep != 0;
+		s.mu.unlock_shared();
+		return data;
+	};
+	auto needs_write = [&](const Range &r) {
+		for (uint64_t s = r.at / slab_size_; s <= (r.at + r.len - 1) / slab_size_; s++)
+			if (has_data(s))
+				return true;
+		return false;
+	};
+	if (fast_only)
+		for (unsigned i = 0; i < np; i++)
+			if (needs_write(partial[i]))
+				return ENOTSUP;
+	int err = 0;
+	if (first < last)
+		err = trim(uint32_t(std::min<uint64_t>(end, last * slab_size_) - first * slab_size_),
+			   first * slab_size_);
+	// Zeros go only to slabs that hold data: an empty slab already reads as zeros.
+	for (unsigned i = 0; i < np && !err; i++)
+		err = write_range(nullptr, partial[i].len, partial[i].at, false);
+	return err;
+}
+
+} // namespace rdmaswap

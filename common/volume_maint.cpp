@@ -1,0 +1,426 @@
+// SPDX-License-Identifier: MIT
+// Volume: maintenance on the repair thread: restoring the replica count (repair), moving
+// slabs their donor wants back (give-back), and the clone routine both use. A copy runs while
+// the slab keeps serving; writes landing meanwhile are tracked and copied again, and the
+// switch-over is a short exclusive section.
+#include "common/volume.h"
+
+#include <algorithm>
+#include <bit>
+#include <cerrno>
+#include <cstring>
+
+#include "common/log.h"
+#include "common/volume_internal.h"
+
+namespace rdmaswap {
+
+void Volume::CloneJob::mark(uint64_t off, uint64_t len)
+{
+	for (uint64_t b = off / block; b <= (off + len - 1) / block; b++)
+		dirty[b / 64].fetch_or(uint64_t(1) << (b % 64));
+}
+
+bool Volume::CloneJob::take(uint64_t b)
+{
+	const uint64_t bit = uint64_t(1) << (b % 64);
+	return dirty[b / 64].fetch_and(~bit) & bit;
+}
+
+uint64_t Volume::CloneJob::count() const
+{
+	uint64_t n = 0;
+	for (uint64_t w = 0; w < (nblocks + 63) / 64; w++)
+		n += uint64_t(std::popcount(dirty[w].load()));
+	return n;
+}
+
+bool Volume::copy_dirty(Slab &s, const Replica &src, const Replica &dst, Channel &ch,
+			std::atomic<uint64_t> &bytes, bool may_yield)
+{
+	// Two windows of up to kMaxBatch blocks: the source fills one while the destination
+	// takes the other, each with every request of its window in flight. A block's dirty bit
+	// is cleared before the block is read, so a write that lands after that read marks it
+	// again (writers mark after their write completed).
+	const uint64_t bs = clone_job_.block;
+	const unsigned per = unsigned(std::min<uint64_t>(kMaxBatch, clone_job_.nblocks));
+	std::byte *buf[2] = {ch.buf, ch.buf + bs * per};
+	uint64_t blocks[2][kMaxBatch];
+	unsigned nb[2] = {0, 0};
+	DataPath &from = *ch.paths[src.server];
+	DataPath &to = *ch.paths[dst.server];
+	uint64_t next = 0;
+	unsigned cur = 0;
+	for (;;) {
+		// Read the next window (if any) into buf[cur] while writing the previous one.
+		nb[cur] = 0;
+		while (next < clone_job_.nblocks && nb[cur] < per) {
+			if (clone_job_.take(next))
+				blocks[cur][nb[cur]++] = next;
+			next++;
+		}
+		const unsigned prev = cur ^ 1;
+		bool wrote_ok = true, read_ok = true;
+		for (unsigned i = 0; i < nb[prev]; i++)
+			wrote_ok = to.post_write(dst.grant, blocks[prev][i] * bs, uint32_t(bs),
+						 buf[prev] + i * bs) == 0 && wrote_ok;
+		for (unsigned i = 0; i < nb[cur]; i++)
+			read_ok = from.post_read(src.grant, blocks[cur][i] * bs, uint32_t(bs),
+						 buf[cur] + i * bs) == 0 && read_ok;
+		// complete() always runs for a path that was posted to: it ends the batch.
+		wrote_ok = (nb[prev] == 0 || to.complete() == 0) && wrote_ok;
+		read_ok = (nb[cur] == 0 || from.complete() == 0) && read_ok;
+		if (!wrote_ok || !read_ok) {
+			mark_down(!wrote_ok ? dst.server : src.server);
+			return false; // the copy is abandoned (and started over later)
+		}
+		bytes.fetch_add(nb[prev] * bs);
+		nb[prev] = 0;
+		if (nb[cur] == 0 && next >= clone_job_.nblocks)
+			return true;
+		if (may_yield && (s.yield.load() || stop_.load()))
+			return false; // I/O waits for `maint`: give way (the copy starts over later)
+		cur = prev;
+	}
+}
+
+bool Volume::clone(uint64_t slab, const Replica src, const Replica dst, int replace, Channel &ch,
+		   std::atomic<uint64_t> &bytes)
+{
+	Slab &s = slabs_[slab];
+	// Never called with the slab lock held (giving the copy back is a control call).
+	auto abort = [&](const char *why) {
+		s.clone.store(nullptr);
+		release_replica(dst);
+		clone_aborts_.fetch_add(1);
+		logger("volume")->debug("slab {}: copy to {} abandoned: {}", slab,
+					servers_[dst.server]->name(), why);
+		return false;
+	};
+	// Every block is dirty to begin with; from now on writes mark what they change.
+	for (uint64_t w = 0; w < (clone_job_.nblocks + 63) / 64; w++)
+		clone_job_.dirty[w].store(w + 1 < (clone_job_.nblocks + 63) / 64 || clone_job_.nblocks % 64 == 0
+						  ? ~uint64_t(0)
+						  : (uint64_t(1) << (clone_job_.nblocks % 64)) - 1);
+	s.clone.store(&clone_job_);
+	for (unsigned pass = 0;; pass++) {
+		if (!copy_dirty(s, src, dst, ch, bytes, true))
+			return abort("a transfer failed, or I/O needed the slab");
+		if (clone_job_.count() <= kSwitchDirtyBlocks || pass + 1 >= kMaxCopyPasses)
+			break;
+	}
+	for (unsigned attempt = 0;; attempt++) {
+		uint64_t epoch = 0;
+		if (tagged_) {
+			// The copy's tag (epoch 0 until now: a restart never trusts a half copy). A
+			// control call: made before the switch, and made again if a degraded write
+			// raised the epoch meanwhile.
+			{
+				std::lock_guard lock(s.epoch_mu);
+				epoch = s.epoch;
+			}
+			if (servers_[dst.server]->set_tag(dst.grant.id, slab, epoch) != 0) {
+				mark_down(dst.server);
+				return abort("tagging the copy failed");
+			}
+		}
+		SlabGuard ex(s.mu, SlabGuard::Exclusive, deadline());
+		if (!ex)
+			return abort("the slab stayed busy for the timeout");
+		const auto t0 = Clock::now();
+		// Writers are out now. Blocks written since their copy are copied again: outside
+		// the exclusive section while that still shrinks them, else here (a few blocks).
+		if (clone_job_.count() > 0) {
+			if (attempt + 1 < kSwitchTries) {
+				ex.release();
+				if (!copy_dirty(s, src, dst, ch, bytes, true))
+					return abort("a transfer failed, or I/O needed the slab");
+				continue;
+			}
+			// The one network wait under the exclusive lock: a few blocks, bounded by
+			// the timeout (docs/architecture.md).
+			if (!copy_dirty(s, src, dst, ch, bytes, false)) {
+				ex.release();
+				return abort("a transfer failed");
+			}
+		}
+		if (!valid(src) || sstate_[dst.server].gen.load() != dst.gen) {
+			ex.release();
+			return abort("the source or the destination failed during the copy");
+		}
+		bool retag;
+		{
+			std::lock_guard lock(s.epoch_mu);
+			retag = tagged_ && s.epoch != epoch;
+			if (!retag) {
+				Replica r = dst;
+				r.epoch = epoch;
+				if (replace >= 0)
+					s.rep[replace] = r;
+				else
+					s.rep[s.nrep++] = r;
+			}
+		}
+		if (retag) { // a degraded write raised the epoch: tag the copy with it first
+			ex.release();
+			if (attempt + 1 >= kSwitchTries + 2)
+				return abort("the epoch kept changing");
+			continue;
+		}
+		s.clone.store(nullptr);
+		ex.release();
+		const uint64_t ns = uint64_t(std::chrono::duration_cast<std::chrono::nanoseconds>(
+						     Clock::now() - t0)
+						     .count());
+		for (uint64_t m = switch_ns_max_.load(); ns > m && !switch_ns_max_.compare_exchange_weak(m, ns);)
+			;
+		return true;
+	}
+}
+
+bool Volume::migrate(uint64_t slab, uint16_t server, uint32_t id, Channel &ch)
+{
+	Slab &s = slabs_[slab];
+	if (!s.maint.try_lock_for(std::chrono::milliseconds(100)))
+		return false; // busy (a trim or an allocation): at the next pass
+	std::unique_lock maint(s.maint, std::adopt_lock);
+	// rep[] changes only under `maint`: read it without the slab lock.
+	int k = -1;
+	for (unsigned i = 0; i < s.nrep; i++)
+		if (s.rep[i].server == server && s.rep[i].grant.id == id)
+			k = int(i);
+	if (k < 0)
+		return true; // trimmed or repaired meanwhile: nothing of ours to move
+	// The source: a valid replica on another donor if there is one, else the wanted
+	// replica itself (replicas=1: it is still valid and still served).
+	int src = -1;
+	for (unsigned i = 0; i < s.nrep; i++)
+		if (valid(s.rep[i]) && (src < 0 || int(i) != k))
+			src = int(i);
+	if (src < 0)
+		return false; // lost: keep the replica so that reads fail with EIO
+	if (!valid(s.rep[k])) {
+		// A stale copy: the repair drops it (raising the epoch of the good ones first
+		// when the volume is bound) and restores the count; nothing to move.
+		kick_repair();
+		return true;
+	}
+	// Not onto a donor holding a copy (the one asking among them).
+	uint16_t exclude[kMaxReplicas];
+	for (unsigned i = 0; i < s.nrep; i++)
+		exclude[i] = s.rep[i].server;
+	Replica dst;
+	int err = 0;
+	if (grant(slab, 0, 1, std::span(exclude, s.nrep), &dst, err) == 0)
+		return false; // no other donor has room: the slab stays where it is
+	const Replica old = s.rep[k];
+	const int64_t t0 = now_ns();
+	const bool ok = clone(slab, s.rep[src], dst, k, ch, migrate_bytes_);
+	migrate_ns_.fetch_add(uint64_t(now_ns() - t0));
+	if (!ok)
+		return false; // try again at the next pass
+	// Switched over: only now give the old slab back (the donor then withdraws it).
+	release_replica(old);
+	migrated_.fetch_add(1);
+	return true;
+}
+
+uint64_t Volume::migrate_wanted(Channel &ch)
+{
+	uint64_t stuck = 0;
+	std::vector<uint32_t> ids; // control path: allocating is fine
+	for (size_t i = 0; i < servers_.size(); i++) {
+		{
+			// The poller's latest list (slabs moved since are simply not found below).
+			std::lock_guard lock(wanted_mu_);
+			ids = wanted_[i];
+		}
+		if (ids.empty() || !servers_[i]->session_alive())
+			continue;
+		std::sort(ids.begin(), ids.end());
+		const uint64_t moved_before = migrated_.load();
+		const uint64_t bytes_before = migrate_bytes_.load();
+		const auto started = std::chrono::steady_clock::now();
+		for (uint64_t slab = 0; slab < nslabs_; slab++) {
+			uint32_t id = 0;
+			bool hit = false;
+			{
+				const Slab &s = slabs_[slab];
+				s.mu.lock_shared(); // holders never wait on the network exclusively
+				for (unsigned k = 0; k < s.nrep && !hit; k++) {
+					const Replica &r = s.rep[k];
+					if (r.server == i &&
+					    std::binary_search(ids.begin(), ids.end(), r.grant.id)) {
+						id = r.grant.id;
+						hit = true;
+					}
+				}
+				s.mu.unlock_shared();
+			}
+			if (!hit)
+				continue;
+			if (!migrate(slab, uint16_t(i), id, ch))
+				stuck++;
+			if (stop_.load())
+				return stuck;
+		}
+		if (const uint64_t n = migrated_.load() - moved_before) {
+			const double secs = std::chrono::duration<double>(
+						    std::chrono::steady_clock::now() - started)
+						    .count();
+			const double mib = double(migrate_bytes_.load() - bytes_before) / (1 << 20);
+			logger("volume")->info("give-back: moved {} slabs ({:.0f} MiB) off memserver "
+					       "{} in {:.2f} s ({:.0f} MiB/s); {} moved so far",
+					       n, mib, servers_[i]->name(), secs,
+					       secs > 0 ? mib / secs : 0.0, migrated_.load());
+		}
+	}
+	return stuck;
+}
+
+void Volume::poll_loop()
+{
+	// One list per server, kept across polls: its capacity (the server's slab count) is
+	// allocated at the first poll, which runs at once, before any I/O. Later polls reuse it,
+	// and an empty answer (no give-back under way) is copied out without allocating.
+	std::vector<std::vector<uint32_t>> polled(servers_.size());
+	for (bool first = true;; first = false) {
+		if (!first) {
+			std::unique_lock lock(repair_mu_);
+			repair_cv_.wait_for(lock, repair_interval_, [this] { return stop_.load(); });
+			if (stop_.load())
+				return;
+		}
+		bool any = false;
+		const int64_t now = now_ns();
+		for (size_t i = 0; i < servers_.size(); i++) {
+			if (now < sstate_[i].down_until.load() || !servers_[i]->session_alive())
+				continue;
+			std::vector<uint32_t> &ids = polled[i];
+			if (const int err = servers_[i]->wanted_slabs(ids)) {
+				// Hung or gone: do not wait on it again for a while.
+				logger("volume")->warn("give-back: asking memserver {} which slabs it "
+						       "wants back failed: {}",
+						       servers_[i]->name(), std::strerror(err));
+				mark_down(uint16_t(i));
+				continue;
+			}
+			any = any || !ids.empty();
+			std::lock_guard lock(wanted_mu_);
+			wanted_[i].assign(ids.begin(), ids.end());
+		}
+		if (any)
+			kick_repair();
+	}
+}
+
+bool Volume::repair(uint64_t slab, Channel &ch)
+{
+	Slab &s = slabs_[slab];
+	if (!s.maint.try_lock_for(std::chrono::milliseconds(100)))
+		return false; // busy: at the next pass
+	std::unique_lock maint(s.maint, std::adopt_lock);
+	if (s.nrep == 0)
+		return false;
+	if (tagged_) {
+		// Invalid replicas leave the set below, but their donors may still hold them (a
+		// hung donor): the good ones get a higher epoch first, so that a restart never
+		// takes a dropped replica for a current one. (A donor failing it is invalidated.)
+		Took good;
+		good.slab = slab;
+		for (unsigned i = 0; i < s.nrep; i++)
+			if (valid(s.rep[i])) {
+				good.server[good.n] = s.rep[i].server;
+				good.id[good.n++] = s.rep[i].grant.id;
+			}
+		if (good.n && good.n < s.nrep)
+			fence_slow(slab, good);
+	}
+	Replica good[kMaxReplicas], drop[kMaxReplicas];
+	unsigned ngood = 0, ndrop = 0;
+	{
+		SlabGuard ex(s.mu, SlabGuard::Exclusive, deadline());
+		if (!ex)
+			return false;
+		for (unsigned i = 0; i < s.nrep; i++)
+			(valid(s.rep[i]) ? good[ngood++] : drop[ndrop++]) = s.rep[i];
+		if (ngood == 0)
+			return false; // lost: keep the invalid replicas so reads fail with EIO
+		for (unsigned i = 0; i < ngood; i++)
+			s.rep[i] = good[i];
+		s.nrep = uint8_t(ngood);
+	}
+	for (unsigned i = 0; i < ndrop; i++)
+		release_replica(drop[i]);
+	bool changed = ndrop > 0;
+	// Place the missing copies away from the donors that hold a good one, and copy them
+	// from a good replica while the slab keeps serving.
+	while (s.nrep < replicas_ && !stop_.load()) {
+		uint16_t exclude[kMaxReplicas];
+		for (unsigned i = 0; i < s.nrep; i++)
+			exclude[i] = s.rep[i].server;
+		Replica dst;
+		int err = 0;
+		// Epoch 0 until the copy is complete: a restart never trusts a half copy.
+		if (grant(slab, 0, 1, std::span(exclude, s.nrep), &dst, err) == 0)
+			break;
+		if (!clone(slab, s.rep[0], dst, -1, ch, repair_bytes_))
+			break; // source or destination failed, or I/O needed the slab: next pass
+		repaired_.fetch_add(1);
+		changed = true;
+	}
+	return changed;
+}
+
+void Volume::repair_loop()
+{
+	auto log = logger("volume");
+	Channel &ch = *maint_ch_; // this thread's alone
+	uint64_t last_logged = 0;
+	for (;;) {
+		{
+			std::unique_lock lock(repair_mu_);
+			repair_cv_.wait_for(lock, repair_interval_,
+					    [this] { return stop_.load() || repair_kick_; });
+			if (stop_.load())
+				return;
+			repair_kick_ = false;
+		}
+		// Give back slabs forgotten on donors that failed, once they answer again.
+		for (size_t i = 0; i < servers_.size(); i++)
+			if (!is_down(uint16_t(i)))
+				servers_[i]->housekeeping();
+		// Give-back: move the slabs donors want back, before anything else.
+		const uint64_t stuck = migrate_wanted(ch);
+		if (stuck > migrate_pending_.load())
+			log->warn("give-back: {} slabs wanted back by their memserver cannot move (no "
+				  "other memserver has room, or no valid copy to move); they stay where "
+				  "they are and are moved when they can be",
+				  stuck);
+		migrate_pending_.store(stuck);
+		if (replicas_ < 2)
+			continue;
+		for (uint64_t i = 0; i < nslabs_ && !stop_.load(); i++) {
+			{
+				const Slab &s = slabs_[i];
+				s.mu.lock_shared(); // holders never wait on the network exclusively
+				const bool healthy = s.nrep == 0 || (valid_count(s) >= replicas_ &&
+								     valid_count(s) == s.nrep);
+				s.mu.unlock_shared();
+				if (healthy)
+					continue;
+			}
+			repair(i, ch);
+		}
+		const uint64_t done = repaired_.load();
+		if (done != last_logged) {
+			const VolumeStats st = stats();
+			log->info("repair: {} replicas re-created so far ({} bytes copied); {} slabs "
+				  "degraded, {} lost",
+				  done, st.repair_bytes, st.degraded, st.lost);
+			last_logged = done;
+		}
+	}
+}
+
+} // namespace rdmaswap
