@@ -55,6 +55,16 @@ struct FakeBackend {
 	std::atomic<bool> reattach{false};
 	std::atomic<int> tag_error{0};       // set_tag / set_floor return this when non-zero
 	std::atomic<int> wanted_error{0};    // wanted_slabs returns this (a hung donor: EAGAIN)
+	std::atomic<int> floor_error{0};     // set_floor alone returns this when non-zero
+	// Slow donors: complete() sleeps `complete_delay_us`; free_slab, set_tag and set_floor
+	// sleep `control_delay_us` (a control call in flight).
+	std::atomic<int> complete_delay_us{0};
+	std::atomic<int> control_delay_us{0};
+	// A read of slab `stall_id` (0: none) does not complete until stall_id changes (at most
+	// 10 s); `stalled` counts the reads that started waiting.
+	std::atomic<uint32_t> stall_id{0};
+	std::atomic<uint64_t> stalled{0};
+	std::atomic<uint64_t> floor_calls{0};
 	std::atomic<uint64_t> wanted_polls{0};
 
 	// Counters.
@@ -145,6 +155,15 @@ public:
 		b_->completes++;
 		std::vector<Op> batch;
 		batch.swap(batch_);
+		if (int us = b_->complete_delay_us.load())
+			std::this_thread::sleep_for(std::chrono::microseconds(us));
+		for (const Op &op : batch)
+			if (!op.write && op.id == b_->stall_id.load()) {
+				b_->stalled++;
+				for (int i = 0; i < 10000 && op.id == b_->stall_id.load(); i++)
+					std::this_thread::sleep_for(std::chrono::milliseconds(1));
+				break;
+			}
 		if (int e = b_->complete_error.load())
 			return e; // the batch is discarded
 		if (b_->lost.load())
@@ -281,6 +300,7 @@ public:
 	int free_slab(uint32_t id) override
 	{
 		b_->free_calls++;
+		control_delay();
 		if (b_->lost.load())
 			return EIO;
 		if (int e = b_->free_error.load())
@@ -338,6 +358,7 @@ public:
 	}
 	int set_tag(uint32_t id, uint64_t chunk, uint64_t epoch) override
 	{
+		control_delay();
 		if (b_->lost.load())
 			return EIO;
 		if (int e = b_->tag_error.load())
@@ -350,9 +371,13 @@ public:
 	}
 	int set_floor(uint64_t chunk, uint64_t epoch) override
 	{
+		b_->floor_calls++;
+		control_delay();
 		if (b_->lost.load())
 			return EIO;
 		if (int e = b_->tag_error.load())
+			return e;
+		if (int e = b_->floor_error.load())
 			return e;
 		std::lock_guard lock(b_->mu);
 		b_->floors[chunk] = epoch;
@@ -375,6 +400,11 @@ public:
 	}
 
 private:
+	void control_delay() const
+	{
+		if (int us = b_->control_delay_us.load())
+			std::this_thread::sleep_for(std::chrono::microseconds(us));
+	}
 	std::shared_ptr<FakeBackend> b_;
 	bool reattached_ = false;
 };

@@ -19,122 +19,11 @@
 #include "common/log.h"
 #include "common/volume.h"
 #include "fake_transport.h"
+#include "volume_helpers.h"
 
 using namespace rdmaswap;
-using rdmaswap::test::FakeBackend;
-using rdmaswap::test::FakeServer;
+using namespace rdmaswap::test;
 
-namespace {
-
-constexpr uint64_t KiB = 1024, MiB = KiB * 1024;
-constexpr uint64_t SS = 64 * KiB; // slab size used by most tests
-
-using Bytes = std::vector<std::byte>;
-
-void quiet()
-{
-	// The volume logs expected failures (ENOSPC, EIO) at error level; keep the output clean.
-	set_log_level("off");
-}
-
-std::shared_ptr<FakeBackend> backend(const std::string &name, uint32_t max_slabs,
-				     uint64_t slab_size = SS, uint32_t max_io = proto::kMaxIo)
-{
-	return std::make_shared<FakeBackend>(name, slab_size, max_slabs, max_io);
-}
-
-VolumeOptions opts(uint64_t size, unsigned channels = 2, size_t buffer = 256 * KiB)
-{
-	VolumeOptions o;
-	o.size = size;
-	o.channels = channels;
-	o.buffer_size = buffer;
-	o.timeout = std::chrono::milliseconds(2000);
-	return o;
-}
-
-std::unique_ptr<Volume> make_volume(const std::vector<std::shared_ptr<FakeBackend>> &bs,
-				    const VolumeOptions &o)
-{
-	std::vector<std::unique_ptr<Server>> servers;
-	for (auto &b : bs)
-		servers.push_back(std::make_unique<FakeServer>(b));
-	return std::make_unique<Volume>(std::move(servers), o);
-}
-
-Bytes pattern(size_t n, uint64_t seed)
-{
-	Bytes v(n);
-	uint64_t x = seed * 0x9e3779b97f4a7c15ull + 0x1234567;
-	for (size_t i = 0; i < n; i++) {
-		x ^= x << 13;
-		x ^= x >> 7;
-		x ^= x << 17;
-		v[i] = std::byte(uint8_t(x) | 1); // never zero, so zeros are always detectable
-	}
-	return v;
-}
-
-bool is_zero(const std::byte *p, size_t n)
-{
-	for (size_t i = 0; i < n; i++)
-		if (p[i] != std::byte{0})
-			return false;
-	return true;
-}
-
-// Read [off, off+len) in pieces and compare with the shadow. Returns the first mismatching
-// offset, -1 if equal, or -2 - errno if a read failed.
-int64_t compare(Volume &v, const Bytes &shadow, uint64_t off, uint64_t len)
-{
-	Bytes buf;
-	const uint64_t step = 4 * MiB;
-	for (uint64_t at = off; at < off + len; at += step) {
-		const uint64_t n = std::min(step, off + len - at);
-		buf.assign(n, std::byte{0xee});
-		if (int e = v.pread(buf.data(), uint32_t(n), at))
-			return -2 - e;
-		if (std::memcmp(buf.data(), shadow.data() + at, n) != 0)
-			for (uint64_t i = 0; i < n; i++)
-				if (buf[i] != shadow[at + i])
-					return int64_t(at + i);
-	}
-	return -1;
-}
-
-int64_t compare_all(Volume &v, const Bytes &shadow)
-{
-	return compare(v, shadow, 0, shadow.size());
-}
-
-int write_shadow(Volume &v, Bytes &shadow, const Bytes &data, uint64_t off)
-{
-	const int e = v.pwrite(data.data(), uint32_t(data.size()), off);
-	if (e == 0)
-		std::copy(data.begin(), data.end(), shadow.begin() + off);
-	return e;
-}
-
-void check_no_violations(const std::vector<std::shared_ptr<FakeBackend>> &bs)
-{
-	for (auto &b : bs) {
-		const auto v = b->take_violations();
-		for (size_t i = 0; i < std::min<size_t>(v.size(), 10); i++)
-			FAIL_CHECK("DataPath/Server contract violation: " << v[i]);
-		CHECK(v.empty());
-	}
-}
-
-uint64_t total(const std::vector<std::shared_ptr<FakeBackend>> &bs,
-	       std::atomic<uint64_t> FakeBackend::*counter)
-{
-	uint64_t n = 0;
-	for (auto &b : bs)
-		n += (*b.*counter).load();
-	return n;
-}
-
-} // namespace
 
 TEST_CASE("volume: never-written ranges read zeros without any data path operation",
 	  "[volume]")
@@ -1067,19 +956,7 @@ TEST_CASE("volume: a restart that finds only a replica older than its floor read
 	CHECK(v2->stats().lost == on_b.size());
 }
 
-namespace {
 // Wait (bounded) until `cond` holds; the repair thread runs every few milliseconds.
-template <typename F> bool eventually(F cond, std::chrono::milliseconds limit = std::chrono::seconds(20))
-{
-	const auto end = std::chrono::steady_clock::now() + limit;
-	while (!cond()) {
-		if (std::chrono::steady_clock::now() > end)
-			return false;
-		std::this_thread::sleep_for(std::chrono::milliseconds(5));
-	}
-	return true;
-}
-} // namespace
 
 TEST_CASE("volume: give-back moves wanted slabs to other donors while I/O goes on",
 	  "[volume][giveback]")
