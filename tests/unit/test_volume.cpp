@@ -998,7 +998,9 @@ TEST_CASE("volume: give-back moves wanted slabs to other donors while I/O goes o
 	CHECK(bs[0]->frees.load() == on_a); // freed by the client, after the move
 	const VolumeStats st = v->stats();
 	CHECK(st.migrated == on_a);
-	CHECK(st.migrate_bytes == on_a * SS);
+	// Each slab copied whole once, plus the blocks the writer changed during its copy again.
+	CHECK(st.migrate_bytes >= on_a * SS);
+	CHECK(st.migrate_bytes <= on_a * SS * 4);
 	CHECK(v->status_text().find("migrate_ms=") != std::string::npos);
 	CHECK(st.lost == 0);
 	CHECK(st.degraded == 0);
