@@ -209,7 +209,10 @@ private:
 		uint32_t id[kMaxReplicas];
 	};
 
-	Clock::time_point deadline() const { return Clock::now() + timeout_; }
+	// The bound on waiting for a lock or a channel: its holders are inside bounded network
+	// waits, at most one per replica tried (a read fails over within one chunk), plus one.
+	// A safety net: a slow donor makes them wait about `timeout`, then they fail over.
+	Clock::time_point deadline() const { return Clock::now() + (kMaxReplicas + 2) * timeout_; }
 	// Take `s.maint` by `until`, asking a copy of the slab in progress to give way.
 	bool lock_maint(Slab &s, Clock::time_point until);
 	// A free data channel: the first one free from this thread's usual one on, else wait for
