@@ -120,11 +120,14 @@ TEST_CASE("sendv_all_until: sends every iovec whole, on a blocking socket too", 
 	Pair p;
 	std::vector<std::byte> a(300000, std::byte{1}), b(200000, std::byte{2});
 	std::vector<std::byte> got(a.size() + b.size());
-	std::thread reader([&] { CHECK(recv_all_until(p.b.get(), got.data(), got.size(),
-						      Clock::now() + 5s) == 0); });
+	int recv_r = -1; // Catch2 assertions only on the main thread (it is not thread-safe)
+	std::thread reader([&] {
+		recv_r = recv_all_until(p.b.get(), got.data(), got.size(), Clock::now() + 5s);
+	});
 	iovec iov[2] = {{a.data(), a.size()}, {b.data(), b.size()}};
 	CHECK(sendv_all_until(p.a.get(), iov, 2, Clock::now() + 5s) == 0);
 	reader.join();
+	CHECK(recv_r == 0);
 	CHECK(std::equal(a.begin(), a.end(), got.begin()));
 	CHECK(std::equal(b.begin(), b.end(), got.begin() + long(a.size())));
 	CHECK(send_all_until(p.a.get(), a.data(), 10, Clock::now() + 5s) == 0);
@@ -189,7 +192,8 @@ TEST_CASE("rpc: a reply trickled a byte at a time fails at the deadline, out of 
 		if (recv_all_until(p.b.get(), hdr.data(), hdr.size(), Clock::now() + 5s))
 			return;
 		proto::Header h;
-		REQUIRE(proto::decode_header(hdr, h).ok);
+		if (!proto::decode_header(hdr, h).ok)
+			return; // the client then times out waiting: the checks below fail
 		proto::Header rh;
 		rh.op = h.op;
 		rh.flags = proto::kFlagResponse;
