@@ -5,8 +5,8 @@
 #include <cerrno>
 #include <cstring>
 #include <stdexcept>
-#include <thread>
 
+#include "common/deadline.h"
 #include "common/log.h"
 #include "common/rdma/rdma_client.h"
 #include "common/tcp/tcp_data_path.h"
@@ -34,6 +34,7 @@ RemoteServer::RemoteServer(const RemoteServerOptions &opts)
 	info_.rdma = hello.server_flags & proto::kServerRdma;
 	free_.store(hello.slabs_free);
 	granted_.assign(hello.slabs_total, 0);
+	forgotten_ = std::make_unique<std::atomic<uint8_t>[]>(hello.slabs_total);
 	list_ids_.resize(std::min<uint32_t>(hello.slabs_total, proto::kMaxListIds));
 	logger("client")->debug("memserver {}: session {} slab size {} slabs {} free {}", name_,
 				hello.session_id, hello.slab_size, hello.slabs_total,
@@ -78,13 +79,32 @@ void RemoteServer::bind_volume()
 							  : connect_error_text(err)));
 		}
 		log->debug("memserver {}: volume {} busy, retrying", name_, opts_.volume);
-		std::this_thread::sleep_for(pause);
+		if (sleep_until(deadline_after(pause)) == ECANCELED)
+			throw std::runtime_error("memserver " + name_ + ": stopped while binding volume " +
+						 opts_.volume);
 		pause = std::min(pause * 2, std::chrono::milliseconds(1000));
 	}
 }
 
+void RemoteServer::absorb_forgotten()
+{
+	if (!any_forgotten_.exchange(false))
+		return;
+	bool some = false;
+	for (size_t id = 0; id < granted_.size(); id++)
+		if (forgotten_[id].load(std::memory_order_relaxed) &&
+		    forgotten_[id].exchange(0, std::memory_order_acquire)) {
+			granted_[id] = 0;
+			some = true;
+		}
+	// The server still holds them: the next reconcile's LIST finds and frees them.
+	if (some)
+		control_->set_outcome_unknown();
+}
+
 void RemoteServer::reconcile()
 {
+	absorb_forgotten();
 	if (!control_->outcome_unknown() || adopting_)
 		return;
 	const long n = control_->list(list_ids_);
@@ -199,11 +219,12 @@ int RemoteServer::free_slab(uint32_t id)
 
 void RemoteServer::forget_slab(uint32_t id)
 {
-	// try_lock: never wait behind a control call stuck on a hung server.
-	std::unique_lock lock(mu_, std::try_to_lock);
-	if (id < granted_.size())
-		granted_[id] = 0; // byte store; a racing reconcile at worst frees it one pass later
-	control_->set_outcome_unknown();
+	// No lock: a control call in flight holds mu_ for up to the timeout. Only atomics here;
+	// the next reconcile (under mu_) drops the grant and gives the slab back.
+	if (id >= granted_.size())
+		return;
+	forgotten_[id].store(1, std::memory_order_release);
+	any_forgotten_.store(true, std::memory_order_release);
 }
 
 void RemoteServer::housekeeping()
@@ -218,7 +239,7 @@ int RemoteServer::wanted_slabs(std::vector<uint32_t> &ids)
 	if (!poll_fd_) {
 		int err = 0;
 		uint64_t conn_id = 0;
-		poll_fd_ = join_session(addr_, opts_.timeout, opts_.auth_key.get(),
+		poll_fd_ = join_session(addr_, deadline_after(opts_.timeout), opts_.auth_key.get(),
 					control_->session_id(), control_->token(),
 					opts_.kind == TransportKind::Rdma, 0, conn_id, err);
 		if (!poll_fd_) {
@@ -229,7 +250,8 @@ int RemoteServer::wanted_slabs(std::vector<uint32_t> &ids)
 		poll_buf_.resize(proto::kMaxIo);
 	}
 	size_t len = 0;
-	int err = rpc_var(poll_fd_.get(), poll_id_++, proto::Op::Wanted, {}, poll_buf_, len);
+	int err = rpc_var(poll_fd_.get(), poll_id_++, proto::Op::Wanted, {}, poll_buf_, len,
+			  deadline_after(opts_.timeout));
 	ids.resize(list_ids_.size());
 	const long n = err ? -1 : proto::decode_list(std::span(poll_buf_).first(len), ids);
 	if (n < 0) {

@@ -65,6 +65,9 @@ private:
 	// server may still execute), ask the server which slabs we hold and give back any we do
 	// not know about, so nothing leaks. Caller holds mu_.
 	void reconcile();
+	// Drop the grants forget_slab() marked, and mark the outcome unknown so that reconcile()
+	// gives them back. Caller holds mu_.
+	void absorb_forgotten();
 	// BIND with retries while the volume has a live owner. Throws std::runtime_error.
 	void bind_volume();
 	// ALLOC or ALLOC_TAGGED (tag != nullptr).
@@ -77,7 +80,11 @@ private:
 	ServerInfo info_;
 	std::atomic<uint32_t> free_{0};  // server's free slabs as last reported
 	std::mutex mu_;                  // alloc/free/reconcile (control path)
-	std::vector<uint8_t> granted_;   // by slab id: 1 if this session holds it, as we know it
+	std::vector<uint8_t> granted_;   // by slab id: 1 if this session holds it (under mu_)
+	// By slab id: 1 once forget_slab() dropped it (set without mu_, consumed under it by
+	// absorb_forgotten()); any_forgotten_ says some may be set. Sized once: no allocation.
+	std::unique_ptr<std::atomic<uint8_t>[]> forgotten_;
+	std::atomic<bool> any_forgotten_{false};
 	std::vector<uint32_t> list_ids_; // reconcile's LIST reply
 	bool reattached_ = false;
 	// Between a BIND that took over slabs and list_volume(), the session holds slabs granted_

@@ -8,6 +8,7 @@
 #include <sys/resource.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <cerrno>
 #include <condition_variable>
 #include <cstdio>
@@ -23,6 +24,7 @@
 
 #include "common/auth.h"
 #include "common/config.h"
+#include "common/deadline.h"
 #include "common/log.h"
 #include "common/reattach.h"
 #include "common/rdma/rdma_client.h"
@@ -117,6 +119,35 @@ private:
 };
 std::unique_ptr<StatusWriter> g_status;
 
+// nbdkit exits only once every request in flight has returned, and a request may wait up to
+// timeout= on a slow donor (or be retried on the next one). This thread sleeps with
+// nbdkit_nanosleep, which returns early once nbdkit is shutting down (SIGTERM, SIGINT,
+// nbdkit_shutdown; with a connection-less thread like this one, nothing else ends it early), and
+// then stops every network wait of the process (request_stop(), common/deadline.h): waiting
+// requests fail with EIO at once and nbdkit exits. Stopped (within 100 ms) at unload.
+class ShutdownWatcher {
+public:
+	ShutdownWatcher() : thread_([this] { run(); }) {}
+	~ShutdownWatcher()
+	{
+		done_.store(true);
+		thread_.join();
+	}
+
+private:
+	void run()
+	{
+		while (!done_.load())
+			if (nbdkit_nanosleep(0, 100'000'000) != 0) {
+				request_stop();
+				return;
+			}
+	}
+	std::atomic<bool> done_{false};
+	std::thread thread_;
+};
+std::unique_ptr<ShutdownWatcher> g_shutdown;
+
 
 int fail(int err, const char *what)
 {
@@ -148,6 +179,10 @@ void rdmaswap_load()
 
 void rdmaswap_unload()
 {
+	// Nothing is served any more: no wait of the teardown below (a repair thread's control
+	// call) may hold up the exit.
+	g_shutdown.reset();
+	request_stop();
 	g_status.reset();
 	g_volume.reset();
 	g_rdma.reset();
@@ -350,6 +385,7 @@ int rdmaswap_get_ready()
 
 int rdmaswap_after_fork()
 {
+	g_shutdown = std::make_unique<ShutdownWatcher>(); // first: setup below may wait too
 	// A swap server whose own pages can be swapped out deadlocks under pressure. nbdkit --swap
 	// locks memory; if it did not (or the locks were not kept), lock it here.
 	// (Only without a finite RLIMIT_MEMLOCK: under one, MCL_FUTURE would make later
@@ -510,7 +546,7 @@ struct nbdkit_plugin make_plugin()
 			"channels=N          data channels (default 16)\n"
 			"replicas=N          copies of each slab on distinct servers\n"
 			"                    (default 2 with two or more servers, else 1)\n"
-			"timeout=SECONDS     bound on any network wait (default 10)\n"
+			"timeout=SECONDS     bound on each network operation (default 10)\n"
 			"statusfile=PATH     write the volume's status there every second\n"
 			"auth-key=FILE       the cluster's shared key (required unless insecure)\n"
 			"insecure=true       memservers run with --insecure (no authentication)\n"

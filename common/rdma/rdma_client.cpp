@@ -13,6 +13,7 @@
 #include <stdexcept>
 
 #include "common/backoff.h"
+#include "common/deadline.h"
 #include "common/log.h"
 #include "common/rdma/verbs.h"
 
@@ -265,13 +266,13 @@ int RdmaDataPath::ensure_connected()
 {
 	if (qp_)
 		return 0;
-	if (lost_->load())
+	if (lost_->load() || stop_requested())
 		return EIO;
 	const auto now = Backoff::clock::now();
 	if (!backoff_.may_try(now))
 		return EIO;
 	try {
-		connect();
+		connect(); // its CM waits also end at a stop request (next_event)
 		backoff_.succeeded();
 		logger("rdma")->warn("data path to {} re-established", ep_.str());
 		return 0;
@@ -348,9 +349,14 @@ int RdmaDataPath::wait(uint64_t seq)
 			armed = true;
 			continue; // poll once more: a completion may have raced the arming
 		}
-		pollfd p{comp_->fd, POLLIN, 0};
-		const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - now);
-		::poll(&p, 1, int(left.count()) + 1);
+		// Sleep on the completion channel until the deadline, or until a stop request.
+		const int w = wait_ready(comp_->fd, POLLIN, deadline);
+		if (w == ECANCELED)
+			return fail(EIO, "completion", "stopped (shutting down)");
+		if (w == ETIMEDOUT)
+			continue; // the deadline check above reports it
+		if (w)
+			return fail(EIO, "poll(completion channel)", std::strerror(w));
 		ibv_cq *ev_cq = nullptr;
 		void *ev_ctx = nullptr;
 		if (ibv_get_cq_event(comp_.get(), &ev_cq, &ev_ctx) == 0) {

@@ -10,6 +10,7 @@
 #include <cstring>
 #include <stdexcept>
 
+#include "common/deadline.h"
 #include "common/log.h"
 
 namespace rdmaswap::rdma {
@@ -60,12 +61,19 @@ rdma_cm_event *next_event(rdma_event_channel *ch, std::chrono::milliseconds time
 	for (;;) {
 		const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
 			deadline - std::chrono::steady_clock::now());
-		pollfd p{ch->fd, POLLIN, 0};
-		const int n = ::poll(&p, 1, left.count() > 0 ? int(left.count()) : 0);
+		// Also wake on a stop request (common/deadline.h): shutdown must not wait for a connect.
+		if (stop_requested()) {
+			why.assign("stopped");
+			return nullptr;
+		}
+		pollfd p[2] = {{ch->fd, POLLIN, 0}, {stop_fd(), POLLIN, 0}};
+		const int n = ::poll(p, stop_fd() >= 0 ? 2 : 1, left.count() > 0 ? int(left.count()) : 0);
 		if (n < 0 && errno != EINTR) {
 			why = errno_text("poll(event channel)");
 			return nullptr;
 		}
+		if (n > 0 && !p[0].revents)
+			continue; // the stop fd: reported at the top
 		if (n > 0) {
 			rdma_cm_event *ev = nullptr;
 			if (rdma_get_cm_event(ch, &ev) == 0)

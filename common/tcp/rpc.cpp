@@ -1,5 +1,5 @@
 // SPDX-License-Identifier: MIT
-// Request/response over a blocking socket; the control connection.
+// Request/response bounded by a deadline per exchange; the control connection.
 #include "common/tcp/rpc.h"
 
 #include <algorithm>
@@ -10,16 +10,24 @@
 namespace rdmaswap {
 
 int rpc(int fd, uint64_t request_id, proto::Op op, std::span<const std::byte> body,
-	std::span<std::byte> reply)
+	std::span<std::byte> reply, Deadline deadline, bool *in_step)
 {
 	size_t len = 0;
-	const int r = rpc_var(fd, request_id, op, body, reply, len);
-	return (r == 0 && len != reply.size()) ? EPROTO : r;
+	const int r = rpc_var(fd, request_id, op, body, reply, len, deadline, in_step);
+	if (r == 0 && len != reply.size()) {
+		if (in_step)
+			*in_step = false; // a server that answers the wrong size is not trusted further
+		return EPROTO;
+	}
+	return r;
 }
 
 int rpc_var(int fd, uint64_t request_id, proto::Op op, std::span<const std::byte> body,
-	    std::span<std::byte> reply, size_t &reply_len)
+	    std::span<std::byte> reply, size_t &reply_len, Deadline deadline, bool *in_step)
 {
+	bool step_dummy = false;
+	bool &step = in_step ? *in_step : step_dummy;
+	step = false;
 	std::array<std::byte, proto::kHeaderSize> hdr;
 	proto::Header h;
 	h.op = op;
@@ -28,29 +36,32 @@ int rpc_var(int fd, uint64_t request_id, proto::Op op, std::span<const std::byte
 	proto::encode_header(h, hdr);
 	iovec iov[2] = {{hdr.data(), hdr.size()},
 			{const_cast<std::byte *>(body.data()), body.size()}};
-	if (int r = sendv_all(fd, iov, body.empty() ? 1 : 2))
+	if (int r = sendv_all_until(fd, iov, body.empty() ? 1 : 2, deadline))
 		return r;
-	if (int r = recv_all(fd, hdr.data(), hdr.size()))
+	if (int r = recv_all_until(fd, hdr.data(), hdr.size(), deadline))
 		return r;
 	proto::Header rh;
 	if (!proto::decode_header(hdr, rh).ok || !rh.is_response() || rh.op != op ||
 	    rh.request_id != request_id)
 		return EPROTO;
-	if (rh.status)
+	if (rh.status) {
+		step = rh.body_len == 0;
 		return int(rh.status);
+	}
 	if (rh.body_len > reply.size())
 		return EPROTO;
-	if (int r = recv_all(fd, reply.data(), rh.body_len))
+	if (int r = recv_all_until(fd, reply.data(), rh.body_len, deadline))
 		return r;
 	reply_len = rh.body_len;
+	step = true;
 	return 0;
 }
 
-Fd connect_memserver(const SockAddr &addr, std::chrono::milliseconds timeout, const AuthKey *key,
-		     Mac *attach, int &err)
+Fd connect_memserver(const SockAddr &addr, Deadline deadline, const AuthKey *key, Mac *attach,
+		     int &err)
 {
 	err = 0;
-	Fd fd = connect_tcp(addr, timeout, timeout);
+	Fd fd = connect_tcp(addr, deadline);
 	if (!fd) {
 		err = errno ? errno : EIO;
 		return {};
@@ -64,7 +75,7 @@ Fd connect_memserver(const SockAddr &addr, std::chrono::milliseconds timeout, co
 	std::array<std::byte, proto::kAuthRequestSize> body;
 	std::array<std::byte, proto::kAuthReplySize> reply;
 	proto::encode(req, body);
-	if ((err = rpc(fd.get(), 0, proto::Op::Auth, body, reply)))
+	if ((err = rpc(fd.get(), 0, proto::Op::Auth, body, reply, deadline)))
 		return {};
 	proto::AuthReply r;
 	proto::AuthProofRequest proof;
@@ -78,7 +89,7 @@ Fd connect_memserver(const SockAddr &addr, std::chrono::milliseconds timeout, co
 	}
 	std::array<std::byte, proto::kAuthProofRequestSize> pbody;
 	proto::encode(proof, pbody);
-	if ((err = rpc(fd.get(), 0, proto::Op::AuthProof, pbody, {})))
+	if ((err = rpc(fd.get(), 0, proto::Op::AuthProof, pbody, {}, deadline)))
 		return {};
 	if (attach)
 		*attach = ac.attach_key();
@@ -98,7 +109,9 @@ std::string connect_error_text(int err)
 		       "impostor, or a memserver with another --auth-key)";
 	case EAGAIN:
 	case ETIMEDOUT:
-		return "no answer within the timeout";
+		return "no answer within the timeout (or an answer too slow to finish within it)";
+	case ECANCELED:
+		return "stopped (shutting down)";
 	case EOPNOTSUPP:
 		return "the memserver runs without authentication (--insecure) but we have an "
 		       "auth-key=: refusing an unauthenticated server";
@@ -113,11 +126,10 @@ ControlClient::ControlClient(SockAddr addr, std::chrono::milliseconds timeout,
 {
 }
 
-Fd join_session(const SockAddr &addr, std::chrono::milliseconds timeout, const AuthKey *key,
-		uint64_t session_id, uint64_t token, bool want_rdma, uint64_t replaces,
-		uint64_t &conn_id, int &err)
+Fd join_session(const SockAddr &addr, Deadline deadline, const AuthKey *key, uint64_t session_id,
+		uint64_t token, bool want_rdma, uint64_t replaces, uint64_t &conn_id, int &err)
 {
-	Fd fd = connect_memserver(addr, timeout, key, nullptr, err);
+	Fd fd = connect_memserver(addr, deadline, key, nullptr, err);
 	if (!fd)
 		return {};
 	proto::HelloRequest req;
@@ -128,7 +140,7 @@ Fd join_session(const SockAddr &addr, std::chrono::milliseconds timeout, const A
 	std::array<std::byte, proto::kHelloRequestSize> body;
 	std::array<std::byte, proto::kHelloReplySize> reply;
 	proto::encode(req, body);
-	err = rpc(fd.get(), 0, proto::Op::Hello, body, reply);
+	err = rpc(fd.get(), 0, proto::Op::Hello, body, reply, deadline);
 	if (err)
 		return {};
 	proto::HelloReply r;
@@ -140,36 +152,42 @@ Fd join_session(const SockAddr &addr, std::chrono::milliseconds timeout, const A
 	return fd;
 }
 
-int ControlClient::ensure_connected()
+int ControlClient::ensure_connected(Deadline deadline)
 {
 	if (fd_)
 		return 0;
-	if (lost_)
+	if (lost_.load())
 		return ENOENT;
 	int err = 0;
 	if (session_id_ == 0) {
-		fd_ = connect_memserver(addr_, timeout_, key_.get(), &attach_, err);
+		fd_ = connect_memserver(addr_, deadline, key_.get(), &attach_, err);
 		return err;
 	}
-	fd_ = join_session(addr_, timeout_, key_.get(), session_id_, token_, want_rdma_, conn_id_,
+	fd_ = join_session(addr_, deadline, key_.get(), session_id_, token_, want_rdma_, conn_id_,
 			   conn_id_, err);
 	if (err == ENOENT)
-		lost_ = true;
+		lost_.store(true);
 	return err;
 }
 
 int ControlClient::call(proto::Op op, std::span<const std::byte> body, std::span<std::byte> reply,
 			size_t *reply_len)
 {
-	if (int r = ensure_connected())
+	// The call within the timeout, however the bytes trickle: a reconnect it needs (handshake
+	// included), the request and its whole reply.
+	const Deadline deadline = deadline_after(timeout_);
+	if (int r = ensure_connected(deadline))
 		return r;
-	const int r = reply_len ? rpc_var(fd_.get(), next_id_++, op, body, reply, *reply_len)
-				: rpc(fd_.get(), next_id_++, op, body, reply);
-	// A server-side refusal leaves the stream in step; anything else may not.
-	if (r == EPROTO || r == EAGAIN || r == ECONNRESET || r == EPIPE || r == ETIMEDOUT ||
-	    r == ENOTCONN) {
+	bool in_step = false;
+	const int r = reply_len ? rpc_var(fd_.get(), next_id_++, op, body, reply, *reply_len,
+					  deadline, &in_step)
+				: rpc(fd_.get(), next_id_++, op, body, reply, deadline, &in_step);
+	// A server-side refusal leaves the stream in step; a timeout, a lost connection or a
+	// malformed reply may not, and the server may have executed the request: drop the
+	// connection (the next call reconnects) and mark the outcome unknown.
+	if (!in_step) {
 		fd_.reset();
-		unknown_ = true;
+		unknown_.store(true);
 	}
 	return r;
 }
@@ -179,7 +197,7 @@ int ControlClient::open_session(bool want_rdma, proto::HelloReply &out)
 	std::lock_guard lock(mu_);
 	fd_.reset();
 	session_id_ = token_ = 0;
-	lost_ = false;
+	lost_.store(false);
 	want_rdma_ = want_rdma;
 	proto::HelloRequest req;
 	req.want_rdma = want_rdma;

@@ -1,8 +1,9 @@
 // SPDX-License-Identifier: MIT
-// One request/response exchange on a blocking socket, and the control connection built on it.
+// One request/response exchange bounded by a deadline, and the control connection built on it.
 #pragma once
 
 #include <array>
+#include <atomic>
 #include <chrono>
 #include <cstdint>
 #include <memory>
@@ -17,30 +18,39 @@
 
 namespace rdmaswap {
 
-// Send a request (header + `body`) and read its response into `reply` (exactly the reply body
-// size of `op`). Returns 0, the server's errno for an error response, EPROTO for a malformed or
-// mismatched response, or a socket errno (EAGAIN: timed out). No allocation.
+// Send a request (header + `body`) and read its whole response into `reply` (exactly the reply
+// body size of `op`), all by `deadline` (one deadline for the exchange, however the bytes
+// trickle). Returns 0, the server's errno for an error response, EPROTO for a malformed or
+// mismatched response, ETIMEDOUT at the deadline, ECANCELED on a stop request, or a socket
+// errno. `in_step` (may be null) is set true when a whole response was read (0 or the server's
+// errno: the connection can carry the next request) and false otherwise (the caller must drop
+// the connection). No allocation.
 int rpc(int fd, uint64_t request_id, proto::Op op, std::span<const std::byte> body,
-	std::span<std::byte> reply);
+	std::span<std::byte> reply, Deadline deadline, bool *in_step = nullptr);
 // Same, for a reply of variable length up to reply.size(); its length goes to `reply_len`.
 int rpc_var(int fd, uint64_t request_id, proto::Op op, std::span<const std::byte> body,
-	    std::span<std::byte> reply, size_t &reply_len);
+	    std::span<std::byte> reply, size_t &reply_len, Deadline deadline,
+	    bool *in_step = nullptr);
 
 // Connect to a memserver and, with a key (null: an --insecure server), run the mutual
-// authentication (common/auth.h). `attach` (may be null) receives the attach key of a session
-// this connection creates. Returns the socket, or an invalid Fd with `err` set: a socket
-// errno, EACCES (the server refused our proof), EKEYREJECTED (the server did not prove it
-// holds our key: an impostor, or a server with another key), EOPNOTSUPP (the server runs
-// without authentication), EPROTO (not a memserver).
-Fd connect_memserver(const SockAddr &addr, std::chrono::milliseconds timeout, const AuthKey *key,
-		     Mac *attach, int &err);
+// authentication (common/auth.h), the whole handshake done by `deadline`. `attach` (may be
+// null) receives the attach key of a session this connection creates. Returns the socket, or
+// an invalid Fd with `err` set: a socket errno, ETIMEDOUT (the handshake was not done by the
+// deadline), ECANCELED (stop requested), EACCES (the server refused our proof), EKEYREJECTED
+// (the server did not prove it holds our key: an impostor, or a server with another key),
+// EOPNOTSUPP (the server runs without authentication), EPROTO (not a memserver).
+Fd connect_memserver(const SockAddr &addr, Deadline deadline, const AuthKey *key, Mac *attach,
+		     int &err);
 // Operator-facing text for an error of connect_memserver or of the first call on it.
 std::string connect_error_text(int err);
 
-// The control connection of one client to one memserver. Thread-safe; calls are serialised.
-// Any transport failure closes the socket; the next call reconnects (and, when a session was
-// established, rejoins it; if the server no longer knows the session, calls fail with ENOENT
-// and session_lost() becomes true).
+// The control connection of one client to one memserver. Thread-safe; calls are serialised on
+// mu_, which a call holds for its whole exchange. Each call is done within `timeout` in all:
+// the reconnect it may need (connect, AUTH, AUTH_PROOF, HELLO), the request and its whole reply
+// (one deadline, not per syscall; a stop request ends it at once with ECANCELED). Any transport failure or timeout
+// closes the socket (the stream may be out of step) and marks the outcome unknown; the next
+// call reconnects (and, when a session was established, rejoins it; if the server no longer
+// knows the session, calls fail with ENOENT and session_lost() becomes true).
 class ControlClient {
 public:
 	// `key`: the cluster key, or null for a memserver run with --insecure.
@@ -70,15 +80,16 @@ public:
 
 	// True after a call failed in a way that leaves its outcome unknown (the request may
 	// have been executed by the server: timeout, connection lost). Cleared by the caller.
-	bool outcome_unknown() const { return unknown_; }
-	void clear_outcome_unknown() { unknown_ = false; }
-	void set_outcome_unknown() { std::lock_guard lock(mu_); unknown_ = true; }
+	// Atomic: set_outcome_unknown() never waits (not even for a call in flight).
+	bool outcome_unknown() const { return unknown_.load(); }
+	void clear_outcome_unknown() { unknown_.store(false); }
+	void set_outcome_unknown() { unknown_.store(true); }
 
 	uint64_t session_id() const { return session_id_; }
 	uint64_t token() const { return token_; }
 	// The attach key of our session (zeros without a key): RDMA connects prove it.
 	const Mac &attach_key() const { return attach_; }
-	bool session_lost() const { return lost_; }
+	bool session_lost() const { return lost_.load(); }
 	const SockAddr &addr() const { return addr_; }
 
 private:
@@ -101,7 +112,8 @@ private:
 		}
 		return 0;
 	}
-	int ensure_connected();
+	// Reconnect (and rejoin the session) if needed, the handshake done by `deadline`.
+	int ensure_connected(Deadline deadline);
 
 	const SockAddr addr_;
 	const std::chrono::milliseconds timeout_;
@@ -114,16 +126,16 @@ private:
 	Mac attach_{};
 	bool want_rdma_ = false;
 	uint64_t conn_id_ = 0;
-	bool lost_ = false;
-	bool unknown_ = false;
+	std::atomic<bool> lost_{false};    // written under mu_, read by anyone
+	std::atomic<bool> unknown_{false}; // set by anyone, cleared by the owner of the outcome
 	std::vector<std::byte> list_buf_; // LIST replies (sized once, at the first list())
 };
 
 // Connect a new socket (authenticated with `key` unless null) and join an existing session
-// with HELLO, fencing connection `replaces` (0: none). Returns the socket (its id in
-// `conn_id`), or an invalid Fd with `err` set (ENOENT: the server does not know the session).
-Fd join_session(const SockAddr &addr, std::chrono::milliseconds timeout, const AuthKey *key,
-		uint64_t session_id,
+// with HELLO, fencing connection `replaces` (0: none), the whole handshake (connect, AUTH,
+// AUTH_PROOF, HELLO) done by `deadline`. Returns the socket (its id in `conn_id`), or an invalid
+// Fd with `err` set (ENOENT: the server does not know the session; else as connect_memserver).
+Fd join_session(const SockAddr &addr, Deadline deadline, const AuthKey *key, uint64_t session_id,
 		uint64_t token, bool want_rdma, uint64_t replaces, uint64_t &conn_id, int &err);
 
 } // namespace rdmaswap

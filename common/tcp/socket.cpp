@@ -1,5 +1,5 @@
 // SPDX-License-Identifier: MIT
-// Blocking socket helpers with timeouts.
+// Socket helpers: connect and exact transfers bounded by a deadline (or a stop request).
 #include "common/tcp/socket.h"
 
 #include <arpa/inet.h>
@@ -67,8 +67,7 @@ void set_io_timeout(int fd, std::chrono::milliseconds t)
 	setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv);
 }
 
-Fd connect_tcp(const SockAddr &addr, std::chrono::milliseconds connect_timeout,
-	       std::chrono::milliseconds io_timeout)
+Fd connect_tcp(const SockAddr &addr, Deadline deadline)
 {
 	Fd fd(::socket(addr.ss.ss_family, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0));
 	if (!fd)
@@ -77,29 +76,24 @@ Fd connect_tcp(const SockAddr &addr, std::chrono::milliseconds connect_timeout,
 	if (rc < 0 && errno != EINPROGRESS)
 		return {};
 	if (rc < 0) {
-		pollfd p{fd.get(), POLLOUT, 0};
-		do
-			rc = ::poll(&p, 1, int(connect_timeout.count()));
-		while (rc < 0 && errno == EINTR);
-		if (rc == 0) {
-			errno = ETIMEDOUT;
+		if (int err = wait_ready(fd.get(), POLLOUT, deadline)) {
+			errno = err;
 			return {};
 		}
 		int err = 0;
 		socklen_t len = sizeof err;
-		if (rc < 0 || getsockopt(fd.get(), SOL_SOCKET, SO_ERROR, &err, &len) < 0)
+		if (getsockopt(fd.get(), SOL_SOCKET, SO_ERROR, &err, &len) < 0)
 			return {};
 		if (err) {
 			errno = err;
 			return {};
 		}
 	}
+	// Blocking again, for callers of the plain transfers; the *_until ones do not care.
 	const int flags = fcntl(fd.get(), F_GETFL);
 	fcntl(fd.get(), F_SETFL, flags & ~O_NONBLOCK);
 	const int one = 1;
 	setsockopt(fd.get(), IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
-	if (io_timeout.count() > 0)
-		set_io_timeout(fd.get(), io_timeout);
 	return fd;
 }
 
@@ -156,28 +150,59 @@ int recv_all_until(int fd, void *buf, size_t len, std::chrono::steady_clock::tim
 {
 	auto *p = static_cast<char *>(buf);
 	while (len > 0) {
-		const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
-			deadline - std::chrono::steady_clock::now());
-		if (left.count() <= 0)
-			return ETIMEDOUT;
-		pollfd pf{fd, POLLIN, 0};
-		const int rc = ::poll(&pf, 1, int(std::min<long long>(left.count() + 1, 1 << 30)));
-		if (rc < 0 && errno != EINTR)
-			return errno;
-		if (rc <= 0)
-			continue;
+		// Try first: the bytes are often there already (a reply's body after its header).
 		const ssize_t n = ::recv(fd, p, len, MSG_DONTWAIT);
+		if (n > 0) {
+			p += n;
+			len -= size_t(n);
+			continue;
+		}
 		if (n == 0)
 			return ECONNRESET;
-		if (n < 0) {
-			if (errno == EINTR || errno == EAGAIN || errno == EWOULDBLOCK)
-				continue;
+		if (errno == EINTR)
+			continue;
+		if (errno != EAGAIN && errno != EWOULDBLOCK)
 			return errno;
-		}
-		p += n;
-		len -= size_t(n);
+		if (int err = wait_ready(fd, POLLIN, deadline))
+			return err;
 	}
 	return 0;
+}
+
+int sendv_all_until(int fd, iovec *iov, int iovcnt, std::chrono::steady_clock::time_point deadline)
+{
+	while (iovcnt > 0) {
+		msghdr msg{};
+		msg.msg_iov = iov;
+		msg.msg_iovlen = size_t(iovcnt);
+		const ssize_t n = ::sendmsg(fd, &msg, MSG_DONTWAIT | MSG_NOSIGNAL);
+		if (n < 0) {
+			if (errno == EINTR)
+				continue;
+			if (errno != EAGAIN && errno != EWOULDBLOCK)
+				return errno;
+			if (int err = wait_ready(fd, POLLOUT, deadline))
+				return err;
+			continue;
+		}
+		size_t left = size_t(n);
+		while (iovcnt > 0 && left >= iov->iov_len) {
+			left -= iov->iov_len;
+			iov++;
+			iovcnt--;
+		}
+		if (iovcnt > 0) {
+			iov->iov_base = static_cast<char *>(iov->iov_base) + left;
+			iov->iov_len -= left;
+		}
+	}
+	return 0;
+}
+
+int send_all_until(int fd, const void *buf, size_t len, std::chrono::steady_clock::time_point deadline)
+{
+	iovec iov{const_cast<void *>(buf), len};
+	return sendv_all_until(fd, &iov, 1, deadline);
 }
 
 } // namespace rdmaswap

@@ -1,5 +1,6 @@
 // SPDX-License-Identifier: MIT
-// Small RAII and blocking-I/O helpers over TCP sockets, with bounded waits.
+// Small RAII and I/O helpers over TCP sockets; client transfers are bounded by a deadline per
+// operation (common/deadline.h), never by a per-syscall timeout.
 #pragma once
 
 #include <sys/socket.h>
@@ -10,6 +11,7 @@
 #include <string>
 
 #include "common/config.h"
+#include "common/deadline.h"
 
 namespace rdmaswap {
 
@@ -41,20 +43,30 @@ struct SockAddr {
 // Resolve host:port (numeric or by name). Throws std::runtime_error naming the endpoint.
 SockAddr resolve(const Endpoint &ep);
 
-// Connect with a timeout; sets TCP_NODELAY and send/receive timeouts of `io_timeout` (0: none).
-// Returns the socket, or an invalid Fd with errno set.
-Fd connect_tcp(const SockAddr &addr, std::chrono::milliseconds connect_timeout,
-	       std::chrono::milliseconds io_timeout);
+// Connect by `deadline` (or until a stop is requested); sets TCP_NODELAY, and no socket
+// timeouts: every later wait on it is bounded by its own deadline (the *_until calls below).
+// Returns the socket, or an invalid Fd with errno set (ETIMEDOUT, ECANCELED, a connect errno).
+Fd connect_tcp(const SockAddr &addr, Deadline deadline);
 
-// Blocking exact transfers. Return 0, or an errno: EPIPE/ECONNRESET for a closed peer
-// (recv of 0 bytes is ECONNRESET), EAGAIN when a socket timeout fired, EINTR never escapes.
+// Blocking exact transfers, bounded per syscall by SO_RCVTIMEO/SO_SNDTIMEO if the socket has
+// them (the memserver's). Return 0, or an errno: EPIPE/ECONNRESET for a closed peer (recv of 0
+// bytes is ECONNRESET), EAGAIN when a socket timeout fired, EINTR never escapes.
 int send_all(int fd, const void *buf, size_t len);
 int sendv_all(int fd, iovec *iov, int iovcnt); // modifies iov
 int recv_all(int fd, void *buf, size_t len);
-// recv_all that gives up (ETIMEDOUT) at `deadline` however the bytes trickle in: bounds what
-// a slow sender can hold.
+
+// Exact transfers that give up at `deadline` however slowly the peer takes or gives the bytes
+// (1 byte every second still ends at the deadline): they poll for POLLOUT/POLLIN until the
+// deadline and transfer with MSG_DONTWAIT (MSG_NOSIGNAL for sends), whether or not the socket
+// is non-blocking. Return 0; ETIMEDOUT at the deadline; ECANCELED at once when a stop is
+// requested (request_stop()) while they wait; ECONNRESET when the peer closed (recv of 0
+// bytes); or the socket's errno. A failed transfer leaves the stream out of step: the caller
+// drops the connection. No allocation. sendv_all_until modifies iov.
+int sendv_all_until(int fd, iovec *iov, int iovcnt, std::chrono::steady_clock::time_point deadline);
+int send_all_until(int fd, const void *buf, size_t len, std::chrono::steady_clock::time_point deadline);
 int recv_all_until(int fd, void *buf, size_t len, std::chrono::steady_clock::time_point deadline);
 
+// Per-syscall SO_RCVTIMEO/SO_SNDTIMEO (the memserver's sockets; clients use deadlines).
 void set_io_timeout(int fd, std::chrono::milliseconds t);
 
 } // namespace rdmaswap

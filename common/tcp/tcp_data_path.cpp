@@ -1,5 +1,6 @@
 // SPDX-License-Identifier: MIT
-// TCP data path: pipelined READ/WRITE requests, responses read in order in complete().
+// TCP data path: pipelined READ/WRITE requests, responses read in order in complete(); a
+// batch is bounded by one deadline from its first post.
 #include "common/tcp/tcp_data_path.h"
 
 #include <cerrno>
@@ -18,18 +19,25 @@ TcpDataPath::TcpDataPath(const SockAddr &addr, std::shared_ptr<const AuthKey> ke
 	  session_lost_(std::move(session_lost))
 {
 	int err = 0;
-	fd_ = join_session(addr_, timeout_, key_.get(), session_id_, token_, false, 0, conn_id_, err);
+	fd_ = join_session(addr_, deadline_after(timeout_), key_.get(), session_id_, token_, false,
+			   0, conn_id_, err);
 	if (!fd_)
 		throw std::runtime_error("tcp data connection to " + addr_.str() + ": " +
 					 connect_error_text(err));
 }
 
-void TcpDataPath::fail(int err)
+void TcpDataPath::fail(int cause)
 {
 	if (!error_)
-		error_ = err;
+		error_ = EIO;
 	if (fd_) {
-		logger("tcp")->warn("data connection to {} failed: {}", addr_.str(), std::strerror(err));
+		// Shutting down (a stop request) is no failure of the memserver: say so quietly.
+		if (cause == ECANCELED)
+			logger("tcp")->debug("data connection to {} closed: stopping", addr_.str());
+		else
+			logger("tcp")->warn("data connection to {} failed: {}", addr_.str(),
+					    cause == ETIMEDOUT ? "no complete answer within the timeout"
+							       : std::strerror(cause));
 		fd_.reset();
 		backoff_.failed(Backoff::clock::now());
 	}
@@ -44,9 +52,10 @@ int TcpDataPath::ensure_connected()
 	const auto now = Backoff::clock::now();
 	if (!backoff_.may_try(now))
 		return EIO;
-	// Fence the old connection: a write it still had in flight must not land after ours.
+	// Fence the old connection: a write it still had in flight must not land after ours. The
+	// handshake counts against the batch's deadline.
 	int err = 0;
-	fd_ = join_session(addr_, timeout_, key_.get(), session_id_, token_, false, conn_id_,
+	fd_ = join_session(addr_, deadline_, key_.get(), session_id_, token_, false, conn_id_,
 			   conn_id_, err);
 	if (fd_) {
 		logger("tcp")->warn("data connection to {} re-established", addr_.str());
@@ -57,6 +66,9 @@ int TcpDataPath::ensure_connected()
 		logger("tcp")->error("memserver {} no longer knows our session: its slabs are lost",
 				     addr_.str());
 		session_lost_->store(true);
+	} else if (err != ECANCELED) {
+		logger("tcp")->warn("data connection to {}: reconnect failed: {}", addr_.str(),
+				    connect_error_text(err));
 	}
 	backoff_.failed(now);
 	return EIO;
@@ -91,6 +103,12 @@ int TcpDataPath::send_request(bool read, const SlabGrant &slab, uint64_t off, ui
 	}
 	if (error_)
 		return error_;
+	if (!in_batch_) {
+		// The batch's clock starts at its first post: its sends and all its replies, and a
+		// reconnect if one is needed, are done by then or the batch fails.
+		in_batch_ = true;
+		deadline_ = deadline_after(timeout_);
+	}
 	if (int r = ensure_connected()) {
 		fail(r);
 		return r;
@@ -103,9 +121,8 @@ int TcpDataPath::send_request(bool read, const SlabGrant &slab, uint64_t off, ui
 	proto::encode_header(h, std::span(msg).first<proto::kHeaderSize>());
 	proto::encode(proto::IoRequest{slab.id, len, off}, std::span(msg).subspan(proto::kHeaderSize));
 	iovec iov[2] = {{msg.data(), msg.size()}, {const_cast<std::byte *>(local), len}};
-	if (int r = sendv_all(fd_.get(), iov, read ? 1 : 2)) {
-		fail(EIO);
-		(void)r;
+	if (int r = sendv_all_until(fd_.get(), iov, read ? 1 : 2, deadline_)) {
+		fail(r);
 		return EIO;
 	}
 	pending_[npending_++] = Pending{read, len, const_cast<std::byte *>(local), h.request_id};
@@ -128,9 +145,8 @@ int TcpDataPath::complete()
 	for (unsigned i = 0; i < npending_ && fd_; i++) {
 		const Pending &p = pending_[i];
 		std::array<std::byte, proto::kHeaderSize> hdr;
-		if (int r = recv_all(fd_.get(), hdr.data(), hdr.size())) {
-			fail(EIO);
-			(void)r;
+		if (int r = recv_all_until(fd_.get(), hdr.data(), hdr.size(), deadline_)) {
+			fail(r);
 			break;
 		}
 		proto::Header h;
@@ -139,7 +155,7 @@ int TcpDataPath::complete()
 		    h.op != (p.read ? proto::Op::Read : proto::Op::Write)) {
 			logger("tcp")->error("malformed response from {}: {}", addr_.str(),
 					     st.ok ? "out of order" : st.error);
-			fail(EIO);
+			fail(EPROTO);
 			break;
 		}
 		if (h.status) {
@@ -149,17 +165,20 @@ int TcpDataPath::complete()
 		}
 		if (h.body_len != (p.read ? p.len : 0)) {
 			logger("tcp")->error("response from {} has the wrong length", addr_.str());
-			fail(EIO);
+			fail(EPROTO);
 			break;
 		}
-		if (p.read && recv_all(fd_.get(), p.local, p.len)) {
-			fail(EIO);
-			break;
+		if (p.read) {
+			if (int r = recv_all_until(fd_.get(), p.local, p.len, deadline_)) {
+				fail(r);
+				break;
+			}
 		}
 	}
 	const int r = error_;
 	npending_ = 0;
 	error_ = 0;
+	in_batch_ = false;
 	return r;
 }
 

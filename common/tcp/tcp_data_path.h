@@ -15,6 +15,10 @@
 
 namespace rdmaswap {
 
+// A batch (its sends in post_*, a reconnect they need, and all replies read in complete()) is
+// done within `timeout` of its first post, however slowly the memserver answers, or fails with
+// EIO and drops the connection (the stream is out of step); a stop request (request_stop())
+// ends it at once. No allocation after construction.
 class TcpDataPath final : public DataPath {
 public:
 	// Connects and joins the session at once (throws std::runtime_error if that fails).
@@ -41,7 +45,8 @@ private:
 	int ensure_connected();
 	int send_request(bool read, const SlabGrant &slab, uint64_t off, uint32_t len,
 			 const std::byte *local);
-	void fail(int err);
+	// The batch fails (EIO); `cause` (an errno) is logged, and the connection dropped.
+	void fail(int cause);
 
 	const SockAddr addr_;
 	const std::shared_ptr<const AuthKey> key_;
@@ -55,6 +60,8 @@ private:
 	std::array<Pending, kMaxBatch> pending_{};
 	unsigned npending_ = 0;
 	int error_ = 0; // first error of the current batch
+	bool in_batch_ = false;  // a post was made since the last complete()
+	Deadline deadline_{};    // the current batch's: its first post + timeout_
 	uint64_t next_id_ = 1;
 	uint64_t conn_id_ = 0; // the server's id for our connection: a reconnect fences it
 	Backoff backoff_;
