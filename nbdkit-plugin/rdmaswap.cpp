@@ -385,7 +385,6 @@ int rdmaswap_get_ready()
 
 int rdmaswap_after_fork()
 {
-	g_shutdown = std::make_unique<ShutdownWatcher>(); // first: setup below may wait too
 	// A swap server whose own pages can be swapped out deadlocks under pressure. nbdkit --swap
 	// locks memory; if it did not (or the locks were not kept), lock it here.
 	// (Only without a finite RLIMIT_MEMLOCK: under one, MCL_FUTURE would make later
@@ -420,6 +419,9 @@ int rdmaswap_after_fork()
 				nbdkit_debug("rdmaswap: %s (needs CAP_SYS_NICE)", why.c_str());
 		}
 	}
+	// Before anything below waits on the network (and after the settings above, which the
+	// watcher's thread inherits: every thread of nbdkit's runs real-time).
+	g_shutdown = std::make_unique<ShutdownWatcher>();
 	try {
 		g_chosen = g_cfg.transport;
 		if (g_chosen == TransportKind::Auto) {
