@@ -34,6 +34,7 @@ int main(int argc, char **argv)
 	bool realtime = false;
 	std::vector<std::string> key_files;
 	unsigned handshake_ms = 5000;
+	unsigned message_s = 10;
 	app.add_option("--listen", opts.listen, "address to listen on (default 0.0.0.0)");
 	app.add_option("--port", opts.port, "TCP and RDMA-CM port (default 7471)");
 	app.add_option("--capacity", capacity, "memory to donate, e.g. 4G (default 1G)");
@@ -49,6 +50,9 @@ int main(int argc, char **argv)
 	app.add_option("--handshake-timeout", handshake_ms,
 		       "milliseconds a new connection has to authenticate and say HELLO "
 		       "(default 5000)");
+	app.add_option("--message-timeout", message_s,
+		       "seconds a peer has to send a message whole once it has started it, and to "
+		       "take a reply whole; slower peers are disconnected (default 10)");
 	app.add_option("--reserve", reserve,
 		       "give slabs back to this host while its MemAvailable is below SIZE, "
 		       "e.g. 2G (default: off)");
@@ -101,6 +105,14 @@ int main(int argc, char **argv)
 		return 2;
 	}
 	opts.handshake_timeout = std::chrono::milliseconds(handshake_ms);
+	if (message_s == 0 || message_s > 3600) {
+		log->error("--message-timeout must be between 1 and 3600 seconds");
+		return 2;
+	}
+	opts.message_timeout = std::chrono::seconds(message_s);
+	// Test hook: pause inside each session transition (tests/integration/test-lifecycle-race.sh).
+	if (const char *p = getenv("RDMASWAP_TEST_LIFECYCLE_PAUSE_MS"); p && *p)
+		opts.test_lifecycle_pause = std::chrono::milliseconds(std::strtoul(p, nullptr, 10));
 	try { // the Memserver checks that there is a key or --insecure, not both
 		for (const auto &f : key_files)
 			opts.auth_keys.push_back(load_auth_key(f));

@@ -2,11 +2,15 @@
 // The memserver: slab pool + sessions + TCP control/data service (+ the RDMA service when
 // enabled). One thread accepts; each TCP connection is served by its own thread, so a slow or
 // hostile client holds only its own thread. A connection must authenticate (AUTH, AUTH_PROOF)
-// before any other request, and finish the handshake (through HELLO) within a time bound.
+// before any other request, and finish the handshake (through HELLO) within a time bound; a
+// message that has started must arrive whole, and a reply be taken whole, within
+// --message-timeout. docs/architecture.md ("Concurrency model: memserver") has the threads
+// and the lock order.
 #pragma once
 
 #include <array>
 #include <atomic>
+#include <chrono>
 #include <cstdint>
 #include <list>
 #include <memory>
@@ -14,7 +18,6 @@
 #include <optional>
 #include <string>
 #include <thread>
-
 #include <vector>
 
 #include "common/auth.h"
@@ -42,11 +45,20 @@ struct MemserverOptions {
 	bool insecure = false;
 	// From accept to a finished HELLO (AUTH + AUTH_PROOF + HELLO); slower peers are dropped.
 	std::chrono::milliseconds handshake_timeout{5000};
+	// A message whose first byte has arrived must arrive whole (header, body, payload) within
+	// this time, and a reply must be taken whole within it; slower peers are dropped. An idle
+	// connection (no message started) may wait as long as it likes.
+	std::chrono::milliseconds message_timeout{10000};
 	// --reserve: keep at least this many bytes of MemAvailable on the host by withdrawing
 	// slabs (0: off). Read from `meminfo` every `reserve_interval`.
 	uint64_t reserve = 0;
 	std::string meminfo = "/proc/meminfo"; // test hook: RDMASWAP_MEMINFO
 	std::chrono::milliseconds reserve_interval{1000};
+	// Test hook (RDMASWAP_TEST_LIFECYCLE_PAUSE_MS): sleep this long inside the detach of a
+	// session (after the decision, before its RDMA state is dropped) and inside a takeover
+	// (between the bind and the move of the slabs), logging "lifecycle pause" first, so that a
+	// test can try to interleave another transition there. 0: off.
+	std::chrono::milliseconds test_lifecycle_pause{0};
 };
 
 // MemAvailable in bytes from a /proc/meminfo-format file; nullopt if absent or unreadable.
@@ -72,10 +84,23 @@ public:
 	proto::GiveBackReply give_back(uint64_t bytes);
 	proto::GiveBackReply give_back_status() const;
 
-	// Called by the TCP and RDMA services when a connection of `session` ends.
+	// Session transitions (memserver/lifecycle.cpp). Each one is made under the lifecycle
+	// mutex, so that none interleaves with another: a session is joined, detached, ended or
+	// taken over in one step.
+	// Called by the TCP and RDMA services when a connection of `session` ends. The last one
+	// detaches the session (its RDMA state is dropped, its slabs kept for its lease) or ends
+	// it (RDMA state dropped, then its slabs freed: by then it can no longer be joined).
 	void leave_session(uint64_t session);
-	// Free the slabs of detached sessions whose lease ended (called by the accept loop).
+	// Free the slabs of detached sessions whose lease ended (called by the accept loop; skips
+	// a round rather than wait for the lifecycle mutex).
 	void expire_leases();
+	// The lifecycle mutex, for the RDMA service: held across a QP's join of a session and the
+	// creation of the session's PD. Lock order: lifecycle mutex, then RdmaService's, then
+	// SessionTable's, then SlabPool's. Never taken on the READ/WRITE path.
+	[[nodiscard]] std::unique_lock<std::mutex> lifecycle_lock()
+	{
+		return std::unique_lock(lifecycle_mu_);
+	}
 	// What a peer did wrong. Each kind is rate-limited on its own, so that a flood of one
 	// kind cannot hide another.
 	enum class PeerEvent { Auth, Limit, Slow, Protocol };
@@ -83,16 +108,30 @@ public:
 	void warn_peer(PeerEvent kind, const std::string &what);
 
 private:
-	struct Conn;
+	struct Conn;            // one TCP connection (memserver/conn.h)
+	struct Request;         // one request being served (memserver/conn.h)
+	enum class Next : uint8_t; // what serving a request leads to (memserver/conn.h)
+	struct Handlers;        // the per-op handlers (memserver/conn.h, handlers.cpp)
 	void accept_loop();
+	// The request loop of connection `c` (its own thread), until it closes or misbehaves.
 	void serve(Conn &c);
+	// HELLO with a session id: join it if the token matches. False: no such session (or it
+	// ended), or a wrong token.
+	bool join_session(uint64_t id, uint64_t token);
+	struct Bound {
+		SessionTable::BindResult bind;
+		uint32_t slabs = 0; // slabs taken over with a detached session
+	};
+	// BIND: bind `session` to a volume and take over a detached session of the same volume
+	// with its slabs, in one step.
+	Bound bind_volume(uint64_t session, const std::string &scoped, const std::string &name,
+			  uint32_t lease_s);
+	// The test hook of MemserverOptions::test_lifecycle_pause (under the lifecycle mutex).
+	void lifecycle_pause(const char *step, uint64_t session);
 	void reap(bool all);
 	// Stop connection `id` of `session` from applying any further request, waiting for the
 	// one it may be applying now. No-op if there is no such connection.
 	void fence(uint64_t session, uint64_t id);
-	// The VOLUME_LIST reply for `req` (control path: allocates). 0 or an errno.
-	int volume_list(uint64_t session, const proto::VolumeListRequest &req,
-			std::vector<std::byte> &out);
 	// --reserve: withdraw slabs while MemAvailable is below the reserve; take back those it
 	// withdrew once MemAvailable is well above it again.
 	void reserve_loop();
@@ -100,6 +139,9 @@ private:
 	const MemserverOptions opts_;
 	SlabPool pool_;
 	SessionTable sessions_;
+	// Held across each multi-step session transition (join, leave, bind + takeover, lease
+	// expiry), never on the data path. Lock order in lifecycle_lock().
+	std::mutex lifecycle_mu_;
 	Fd listen_fd_;
 	uint16_t port_ = 0;
 	std::unique_ptr<RdmaService> rdma_;

@@ -49,21 +49,21 @@ bool SessionTable::join(uint64_t id, uint64_t token)
 	return true;
 }
 
-bool SessionTable::leave(uint64_t id)
+SessionTable::Left SessionTable::leave(uint64_t id)
 {
 	std::lock_guard lock(mu_);
 	auto it = map_.find(id);
-	if (it == map_.end())
-		return false;
+	if (it == map_.end() || it->second.refs == 0)
+		return Left::Live;
 	if (--it->second.refs > 0)
-		return false;
+		return Left::Live;
 	if (!it->second.scoped.empty() && it->second.lease_s > 0) {
 		it->second.detached = true;
 		it->second.detached_at = Clock::now();
-	} else {
-		map_.erase(it);
+		return Left::Detached;
 	}
-	return true;
+	map_.erase(it);
+	return Left::Ended;
 }
 
 void SessionTable::set_peer(uint64_t id, const std::string &peer)

@@ -29,10 +29,17 @@ public:
 	Creds create(bool rdma, const Mac &attach_key);
 	// Add a reference to an existing session if the token matches (compared in constant time).
 	bool join(uint64_t id, uint64_t token);
-	// Drop a reference; true if it was the last. Then either the session ended (the caller
-	// frees its slabs) or, bound with a lease, it is detached (see detached(); the caller
-	// keeps its slabs and drops only its RDMA state).
-	bool leave(uint64_t id);
+	// What the last leave() of a session decided, in the same critical section that dropped
+	// the reference (so no join or takeover can come between the decision and its effect).
+	enum class Left {
+		Live,     // other references remain (or no such session): nothing to do
+		Detached, // bound with a lease: kept, joinable, its slabs untouched; the caller
+			  // drops its RDMA state
+		Ended,    // removed: it can no longer be joined (ENOENT) or taken over; the
+			  // caller drops its RDMA state and frees its slabs
+	};
+	// Drop a reference of session `id`.
+	Left leave(uint64_t id);
 	bool wants_rdma(uint64_t id) const;
 	// The attach key of session `id`; false if there is no such session.
 	bool attach_key(uint64_t id, Mac &out) const;

@@ -9,7 +9,6 @@
 #include <cstring>
 #include <stdexcept>
 #include <string>
-#include <thread>
 
 namespace rdmaswap {
 
@@ -91,9 +90,14 @@ bool SlabPool::release(uint32_t id, uint64_t owner)
 	uint64_t expected = owner;
 	if (!slabs_[id].owner.compare_exchange_strong(expected, kReleasing))
 		return false;
-	// Accesses that passed the ownership check before we marked the slab finish first.
-	while (slabs_[id].inflight.load() != 0)
-		std::this_thread::yield();
+	// Accesses that passed the ownership check before we marked the slab finish first. Sleep
+	// until the count drops to zero: the flag tells the last end_access() to wake us. (Only
+	// one release() per slab at a time: the owner exchange above admits one.)
+	std::atomic<uint32_t> &inflight = slabs_[id].inflight;
+	for (uint32_t v = inflight.fetch_or(kReleaseWaits) | kReleaseWaits; v != kReleaseWaits;
+	     v = inflight.load())
+		inflight.wait(v);
+	inflight.fetch_and(~kReleaseWaits);
 	bool wanted;
 	{
 		// withdraw() marks slabs under mu_ and skips those being released, so the flag
@@ -278,7 +282,7 @@ std::byte *SlabPool::begin_access(uint32_t id, uint64_t owner, uint64_t off, uin
 		return nullptr;
 	s.inflight.fetch_add(1);
 	if (s.owner.load() != owner) {
-		s.inflight.fetch_sub(1);
+		end_access(id); // may be the one a release() waits for
 		return nullptr;
 	}
 	return slab_base(id) + off;

@@ -34,8 +34,9 @@ public:
 
 	// Grant a zeroed slab to `owner` (non-zero). nullopt when none is free.
 	std::optional<uint32_t> allocate(uint64_t owner);
-	// Take back a slab `owner` holds: waits for its in-flight accesses, zeroes it, frees it.
-	// False if `owner` does not hold it.
+	// Take back a slab `owner` holds: waits for its in-flight accesses (asleep, woken by the
+	// last end_access(); a TCP access lasts at most the memserver's message deadline), zeroes
+	// it, frees it. False if `owner` does not hold it.
 	bool release(uint32_t id, uint64_t owner);
 	// Release every slab `owner` holds; returns how many.
 	uint32_t release_all(uint64_t owner);
@@ -77,15 +78,23 @@ public:
 	// holds, and counts an in-flight access that end_access() must close. nullptr if the slab
 	// is not owner's or the range is outside it. No lock, no allocation.
 	std::byte *begin_access(uint32_t id, uint64_t owner, uint64_t off, uint64_t len);
-	void end_access(uint32_t id) { slabs_[id].inflight.fetch_sub(1); }
+	// Close an access. The last one out wakes a release() waiting for it; with no release
+	// waiting it is one atomic decrement (no lock, no allocation, no system call).
+	void end_access(uint32_t id)
+	{
+		if (slabs_[id].inflight.fetch_sub(1) == (kReleaseWaits | 1))
+			slabs_[id].inflight.notify_all();
+	}
 
 private:
 	struct Slab {
 		std::atomic<uint64_t> owner{0}; // 0: free; kReleasing while being zeroed
+		// In-flight accesses, plus kReleaseWaits while a release() waits for them to end.
 		std::atomic<uint32_t> inflight{0};
 		Tag tag; // guarded by mu_ (control path only)
 	};
 	static constexpr uint64_t kReleasing = ~uint64_t(0);
+	static constexpr uint32_t kReleaseWaits = uint32_t(1) << 31;
 	// Give-back state of a slab (flags_, under mu_).
 	static constexpr uint8_t kWanted = 1;    // granted, to be withdrawn at its release
 	static constexpr uint8_t kWithdrawn = 2; // out of the pool, pages released

@@ -114,3 +114,37 @@ def alloc(s):
 
 def free(s, slab):
     return call(s, FREE, struct.pack("<II", slab, 0))[0]
+
+
+BIND, ALLOC_TAGGED, SET_TAG, VOLUME_LIST = 8, 9, 10, 11
+EBUSY = 16
+
+
+def bind(s, name, lease_s):
+    """BIND the session to volume `name`. Returns (status, dict of the reply)."""
+    status, body = call(s, BIND, name.encode().ljust(64, b"\0") + struct.pack("<II", lease_s, 0))
+    if status or len(body) != 16:
+        return status or -1, {}
+    reattached, slabs, detached_ms = struct.unpack("<IIQ", body)
+    return 0, dict(reattached=reattached, slabs=slabs, detached_ms=detached_ms)
+
+
+def list_slabs(s):
+    """LIST: (status, the ids of the slabs the session holds)."""
+    status, body = call(s, LIST)
+    if status:
+        return status, []
+    n = struct.unpack_from("<I", body)[0]
+    return 0, list(struct.unpack_from("<%dI" % n, body, 4))
+
+
+def stats(s):
+    """STATS: (status, dict with capacity, slab_size, slabs_total, slabs_free, sessions,
+    connections)."""
+    status, body = call(s, STATS)
+    if status:
+        return status, {}
+    capacity, slab_size, total, free_, sessions = struct.unpack_from("<QQIII", body)
+    connections = struct.unpack_from("<I", body, 68)[0]
+    return 0, dict(capacity=capacity, slab_size=slab_size, slabs_total=total, slabs_free=free_,
+                   sessions=sessions, connections=connections)

@@ -200,7 +200,7 @@ TEST_CASE("reattach: a detached session is taken over by a new one of the same v
 	CHECK(t.bind(other.id, "k2/other", "other", 30).err == EINVAL); // bound already
 
 	// The last connection of `a` goes: detached, kept.
-	CHECK(t.leave(a.id));
+	CHECK(t.leave(a.id) == SessionTable::Left::Detached);
 	CHECK(t.detached(a.id));
 	CHECK(t.count() == 3);
 	CHECK(t.expire(SessionTable::Clock::now()).empty()); // lease not over
@@ -225,9 +225,9 @@ TEST_CASE("reattach: leases expire; lease 0 and unbound sessions end at once; a 
 	const auto z = t.create(false, key);
 	REQUIRE(t.bind(z.id, "k/z", "z", 0).err == 0);
 	const auto u = t.create(false, key);
-	CHECK(t.leave(a.id));
-	CHECK(t.leave(z.id));
-	CHECK(t.leave(u.id));
+	CHECK(t.leave(a.id) == SessionTable::Left::Detached);
+	CHECK(t.leave(z.id) == SessionTable::Left::Ended);
+	CHECK(t.leave(u.id) == SessionTable::Left::Ended);
 	CHECK(t.detached(a.id));
 	CHECK_FALSE(t.detached(z.id));
 	CHECK(t.count() == 1);
@@ -241,7 +241,7 @@ TEST_CASE("reattach: leases expire; lease 0 and unbound sessions end at once; a 
 	CHECK(t.join(a.id, a.token));
 	CHECK_FALSE(t.detached(a.id));
 	CHECK(t.expire(SessionTable::Clock::now() + std::chrono::seconds(10)).empty());
-	CHECK(t.leave(a.id));
+	CHECK(t.leave(a.id) == SessionTable::Left::Detached);
 	CHECK(t.expire(SessionTable::Clock::now() + std::chrono::milliseconds(1900)).empty());
 	const auto gone = t.expire(SessionTable::Clock::now() + std::chrono::seconds(3));
 	REQUIRE(gone.size() == 1);

@@ -1,0 +1,377 @@
+// SPDX-License-Identifier: MIT
+// Memserver: one handler per request op, and the table the request loop dispatches with.
+#include <algorithm>
+#include <array>
+#include <cerrno>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "common/log.h"
+#include "memserver/conn.h"
+#include "memserver/rdma_service.h"
+
+namespace rdmaswap {
+
+const Memserver::Handlers::Entry &Memserver::Handlers::of(proto::Op op)
+{
+	using proto::Op;
+	// Indexed by op number. Entries: handler, allowed before authentication, needs a
+	// session.
+	static const std::array<Entry, 18> table = [] {
+		std::array<Entry, 18> t{};
+		auto set = [&](Op o, Fn fn, bool before_auth, bool needs_session) {
+			t[size_t(o)] = Entry{fn, before_auth, needs_session};
+		};
+		set(Op::Auth, &auth, true, false);
+		set(Op::AuthProof, &auth_proof, true, false);
+		set(Op::Hello, &hello, false, false);
+		set(Op::Alloc, &alloc, false, true);
+		set(Op::AllocTagged, &alloc, false, true);
+		set(Op::Free, &free_slab, false, true);
+		set(Op::Read, &io, false, true);
+		set(Op::Write, &io, false, true);
+		set(Op::List, &list, false, true);
+		set(Op::Bind, &bind, false, true);
+		set(Op::SetTag, &set_tag, false, true);
+		set(Op::VolumeList, &volume_list, false, false); // listing sessions needs none
+		set(Op::GiveBack, &give_back, false, false);
+		set(Op::GiveBackStatus, &give_back_status, false, false);
+		set(Op::Wanted, &wanted, false, true);
+		set(Op::Stats, &stats, false, false);
+		return t;
+	}();
+	static const Entry none{};
+	const size_t i = size_t(op);
+	return i < table.size() && table[i].fn ? table[i] : none;
+}
+
+Memserver::Next Memserver::Handlers::auth(Memserver &m, Request &r)
+{
+	if (m.opts_.insecure)
+		return reply(m, r, EOPNOTSUPP);
+	proto::AuthRequest req;
+	if (!decode(r, req))
+		return Next::Malformed;
+	proto::AuthReply out;
+	if (!r.c.auth.challenge(req.client_nonce, req.key_id, out.server_nonce, out.server_mac)) {
+		m.warn_peer(PeerEvent::Auth,
+			    fmt::format("{}: authentication failed: {}; disconnecting", r.c.peer,
+					r.c.authed ? "AUTH after authentication"
+						   : fmt::format("unknown key (id {:016x})",
+								 req.key_id)));
+		reply(m, r, EACCES);
+		return Next::Close;
+	}
+	std::array<std::byte, proto::kAuthReplySize> b;
+	proto::encode(out, b);
+	return reply(m, r, 0, b);
+}
+
+Memserver::Next Memserver::Handlers::auth_proof(Memserver &m, Request &r)
+{
+	if (m.opts_.insecure)
+		return reply(m, r, EOPNOTSUPP);
+	proto::AuthProofRequest req;
+	if (!decode(r, req))
+		return Next::Malformed;
+	if (r.c.authed || !r.c.auth.verify(req.client_mac)) {
+		m.warn_peer(PeerEvent::Auth, r.c.peer + ": authentication failed: " +
+				     (r.c.authed ? "AUTH_PROOF after authentication"
+						 : "wrong proof (another key?)") +
+				     "; disconnecting");
+		reply(m, r, EACCES);
+		return Next::Close;
+	}
+	r.c.authed = true;
+	logger("memserver")->debug("{}: authenticated", r.c.peer);
+	return reply(m, r, 0);
+}
+
+Memserver::Next Memserver::Handlers::hello(Memserver &m, Request &r)
+{
+	proto::HelloRequest req;
+	if (!decode(r, req))
+		return Next::Malformed;
+	Conn &c = r.c;
+	if (r.session())
+		return reply(m, r, EINVAL);
+	if (req.want_rdma && !m.rdma_)
+		return reply(m, r, EPROTONOSUPPORT);
+	SessionTable::Creds cr{req.session_id, req.token};
+	if (req.session_id == 0) {
+		cr = m.sessions_.create(req.want_rdma, c.auth.attach_key());
+		m.sessions_.set_peer(cr.id, c.peer);
+		logger("memserver")->info("{}: new session {:016x}{}", c.peer, cr.id,
+					  req.want_rdma ? " (rdma)" : "");
+	} else if (!m.join_session(req.session_id, req.token)) {
+		m.warn_peer(PeerEvent::Auth,
+			    c.peer + ": HELLO for an unknown session or with a wrong token");
+		return reply(m, r, ENOENT);
+	}
+	c.session.store(cr.id);
+	if (req.replaces) {
+		r.busy.unlock(); // fence() may wait for another connection's request
+		m.fence(cr.id, req.replaces);
+		r.busy.lock();
+	}
+	proto::HelloReply out;
+	out.session_id = cr.id;
+	out.token = cr.token;
+	out.slab_size = m.pool_.slab_size();
+	out.slabs_total = m.pool_.slabs_total();
+	out.slabs_free = m.pool_.slabs_free();
+	out.max_io = proto::kMaxIo;
+	out.server_flags = m.rdma_ ? proto::kServerRdma : 0;
+	out.conn_id = c.id;
+	std::array<std::byte, proto::kHelloReplySize> b;
+	proto::encode(out, b);
+	return reply(m, r, 0, b);
+}
+
+Memserver::Next Memserver::Handlers::alloc(Memserver &m, Request &r)
+{
+	const bool tagged = r.h.op == proto::Op::AllocTagged; // ALLOC that also sets the tag
+	proto::AllocTaggedRequest tag;
+	if (tagged && !decode(r, tag))
+		return Next::Malformed;
+	const uint64_t session = r.session();
+	const auto id = m.pool_.allocate(session);
+	if (!id)
+		return reply(m, r, ENOSPC);
+	if (tagged)
+		m.pool_.set_tag(*id, session, {tag.chunk, tag.epoch});
+	proto::AllocReply out;
+	out.slab_id = *id;
+	out.length = m.pool_.slab_size();
+	out.slabs_free = m.pool_.slabs_free();
+	if (m.rdma_ && m.sessions_.wants_rdma(session)) {
+		if (int e = m.rdma_->expose_slab(session, *id, out.addr, out.rkey)) {
+			m.pool_.release(*id, session);
+			logger("memserver")->warn("{}: cannot register slab {} for RDMA: {}",
+						  r.c.peer, *id, std::strerror(e));
+			return reply(m, r, uint32_t(e));
+		}
+	}
+	logger("memserver")->debug("{}: granted slab {}", r.c.peer, *id);
+	std::array<std::byte, proto::kAllocReplySize> b;
+	proto::encode(out, b);
+	return reply(m, r, 0, b);
+}
+
+Memserver::Next Memserver::Handlers::free_slab(Memserver &m, Request &r)
+{
+	proto::FreeRequest req;
+	if (!decode(r, req))
+		return Next::Malformed;
+	const uint64_t session = r.session();
+	if (!m.pool_.owns(req.slab_id, session))
+		return reply(m, r, EACCES);
+	if (m.rdma_)
+		m.rdma_->unexpose_slab(session, req.slab_id);
+	m.pool_.release(req.slab_id, session);
+	logger("memserver")->debug("{}: freed slab {}", r.c.peer, req.slab_id);
+	return reply(m, r, 0);
+}
+
+// The data path: no allocation, no lock, nothing logged unless the peer misbehaves.
+Memserver::Next Memserver::Handlers::io(Memserver &m, Request &r)
+{
+	proto::IoRequest req;
+	const bool write = r.h.op == proto::Op::Write;
+	if (!decode(r, req))
+		return Next::Malformed;
+	if (write && r.h.body_len - r.body.size() != req.length) {
+		r.malformed = "WRITE length does not match its payload";
+		return Next::Malformed;
+	}
+	Conn &c = r.c;
+	std::byte *mem = m.pool_.begin_access(req.slab_id, r.session(), req.offset, req.length);
+	if (!mem) {
+		if (write) // keep the stream in step: consume the payload
+			if (Next got = skip_payload(m, r); got != Next::Continue)
+				return got;
+		return reply(m, r, EACCES);
+	}
+	// The access is open until end_access: the payload and the reply are bounded by the
+	// message deadlines, so a slow peer cannot hold a release() of the slab for longer.
+	if (write) {
+		const Next got = receive(m, r, mem, req.length);
+		m.pool_.end_access(req.slab_id);
+		if (got != Next::Continue)
+			return got;
+		c.write_ops.fetch_add(1, std::memory_order_relaxed);
+		c.write_bytes.fetch_add(req.length, std::memory_order_relaxed);
+		return reply(m, r, 0);
+	}
+	const Next sent = reply(m, r, 0, {}, mem, req.length);
+	m.pool_.end_access(req.slab_id);
+	c.read_ops.fetch_add(1, std::memory_order_relaxed);
+	c.read_bytes.fetch_add(req.length, std::memory_order_relaxed);
+	return sent;
+}
+
+Memserver::Next Memserver::Handlers::list(Memserver &m, Request &r)
+{
+	// Control path: the reply is built in a per-request buffer.
+	const std::vector<uint32_t> ids = m.pool_.owned_by(r.session());
+	std::vector<std::byte> out(4 + 4 * ids.size());
+	proto::encode_list(ids, out);
+	return reply(m, r, 0, out);
+}
+
+Memserver::Next Memserver::Handlers::bind(Memserver &m, Request &r)
+{
+	proto::BindRequest req;
+	if (!decode(r, req))
+		return Next::Malformed;
+	auto log = logger("memserver");
+	const uint64_t session = r.session();
+	const std::string name(req.name.data(), strnlen(req.name.data(), req.name.size()));
+	// Scoped to the key the peer proved it holds: another key never matches.
+	const std::string scoped = fmt::format("{:016x}/{}", r.c.auth.key_id(), name);
+	const Bound b = m.bind_volume(session, scoped, name, req.lease_s);
+	if (b.bind.err == EBUSY) {
+		log->warn("{}: volume {} refused: session of {} still has live connections "
+			  "(never two owners)",
+			  r.c.peer, name, b.bind.other_peer);
+		return reply(m, r, EBUSY);
+	}
+	if (b.bind.err)
+		return reply(m, r, uint32_t(b.bind.err));
+	proto::BindReply out;
+	if (b.bind.took_over) {
+		out.reattached = 1;
+		out.slabs = b.slabs;
+		out.detached_ms = uint64_t(b.bind.detached_for.count());
+		log->info("{}: volume {} reattached: session {:016x} took over {} slabs of session "
+			  "{:016x} (detached {} ms)",
+			  r.c.peer, name, session, out.slabs, b.bind.took_over, out.detached_ms);
+	} else {
+		log->info("{}: session {:016x} bound to volume {} (lease {} s)", r.c.peer, session,
+			  name, req.lease_s);
+	}
+	std::array<std::byte, proto::kBindReplySize> buf;
+	proto::encode(out, buf);
+	return reply(m, r, 0, buf);
+}
+
+Memserver::Next Memserver::Handlers::set_tag(Memserver &m, Request &r)
+{
+	proto::SetTagRequest req;
+	if (!decode(r, req))
+		return Next::Malformed;
+	const uint64_t session = r.session();
+	int status = 0;
+	if (req.slab_id == proto::kNoSlab)
+		status = m.sessions_.set_floor(session, req.chunk, req.epoch);
+	else if (!m.pool_.set_tag(req.slab_id, session, {req.chunk, req.epoch}))
+		status = EACCES;
+	return reply(m, r, uint32_t(status));
+}
+
+Memserver::Next Memserver::Handlers::volume_list(Memserver &m, Request &r)
+{
+	proto::VolumeListRequest req;
+	if (!decode(r, req))
+		return Next::Malformed;
+	// Control path: allocates.
+	std::vector<std::byte> out;
+	if (req.what == proto::ListWhat::Sessions) { // needs no session
+		const auto now = SessionTable::Clock::now();
+		std::vector<proto::SessionEntry> v;
+		for (const auto &s : m.sessions_.report(now)) {
+			if (v.size() >= proto::kMaxSessionEntries)
+				break;
+			proto::SessionEntry e;
+			e.session = s.id;
+			e.slabs = uint32_t(m.pool_.owned_by(s.id).size());
+			e.flags = (s.detached ? proto::kSessionDetached : 0) |
+				  (s.rdma ? proto::kSessionRdma : 0) |
+				  (s.bound ? proto::kSessionBound : 0);
+			e.lease_left_ms = uint64_t(s.lease_left.count());
+			e.lease_s = s.lease_s;
+			e.connections = s.refs;
+			std::memcpy(e.volume.data(), s.name.data(),
+				    std::min(s.name.size(), e.volume.size()));
+			std::memcpy(e.peer.data(), s.peer.data(),
+				    std::min(s.peer.size(), e.peer.size() - 1));
+			v.push_back(e);
+		}
+		const size_t skip = std::min<uint64_t>(req.start, v.size());
+		const std::span<const proto::SessionEntry> page(v.data() + skip, v.size() - skip);
+		out.resize(4 + page.size() * proto::kSessionEntrySize);
+		proto::encode_entries(page, out);
+		return reply(m, r, 0, out);
+	}
+	const uint64_t session = r.session();
+	if (!session)
+		return reply(m, r, EACCES);
+	std::vector<proto::VolumeEntry> v;
+	if (req.what == proto::ListWhat::Floors) {
+		for (const auto &[chunk, epoch] :
+		     m.sessions_.floors(session, req.start, proto::kMaxVolumeEntries))
+			v.push_back(proto::VolumeEntry{proto::kNoSlab, 0, 0, chunk, epoch});
+	} else {
+		const bool rdma = m.rdma_ && m.sessions_.wants_rdma(session);
+		for (uint32_t id : m.pool_.owned_by(session)) {
+			if (id < req.start)
+				continue;
+			if (v.size() >= proto::kMaxVolumeEntries)
+				break;
+			const SlabPool::Tag t = m.pool_.tag(id);
+			proto::VolumeEntry e{id, 0, 0, t.chunk, t.epoch};
+			if (rdma)
+				if (int err = m.rdma_->expose_slab(session, id, e.addr, e.rkey))
+					return reply(m, r, uint32_t(err)); // EAGAIN: attach QPs first
+			v.push_back(e);
+		}
+	}
+	out.resize(4 + v.size() * proto::kVolumeEntrySize);
+	proto::encode_entries(v, out);
+	return reply(m, r, 0, out);
+}
+
+Memserver::Next Memserver::Handlers::give_back(Memserver &m, Request &r)
+{
+	proto::GiveBackRequest req;
+	if (!decode(r, req))
+		return Next::Malformed;
+	logger("memserver")->info("{}: asked to give back {} bytes", r.c.peer, req.bytes);
+	std::array<std::byte, proto::kGiveBackReplySize> out;
+	proto::encode(m.give_back(req.bytes), out);
+	return reply(m, r, 0, out);
+}
+
+Memserver::Next Memserver::Handlers::give_back_status(Memserver &m, Request &r)
+{
+	std::array<std::byte, proto::kGiveBackReplySize> out;
+	proto::encode(m.give_back_status(), out);
+	return reply(m, r, 0, out);
+}
+
+Memserver::Next Memserver::Handlers::wanted(Memserver &m, Request &r)
+{
+	// Control path (every client polls it twice a second): when nothing is wanted back, as
+	// in steady state, it allocates nothing (tests/alloc counts the whole memserver).
+	std::vector<uint32_t> ids = m.pool_.wanted_by(r.session());
+	if (ids.empty()) {
+		std::array<std::byte, 4> none{};
+		proto::encode_list({}, none);
+		return reply(m, r, 0, none);
+	}
+	if (ids.size() > proto::kMaxListIds)
+		ids.resize(proto::kMaxListIds);
+	std::vector<std::byte> out(4 + 4 * ids.size());
+	proto::encode_list(ids, out);
+	return reply(m, r, 0, out);
+}
+
+Memserver::Next Memserver::Handlers::stats(Memserver &m, Request &r)
+{
+	std::array<std::byte, proto::kStatsReplySize> out;
+	proto::encode(m.stats(), out);
+	return reply(m, r, 0, out);
+}
+
+} // namespace rdmaswap

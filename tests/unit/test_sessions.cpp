@@ -1,0 +1,89 @@
+// SPDX-License-Identifier: MIT
+// Unit tests for memserver/sessions: the last leave() of a session decides, in the same
+// critical section, whether it is detached (joinable, kept) or ended (gone: no join, no
+// takeover), and concurrent joins and leaves never lose or resurrect a session.
+#include <catch2/catch.hpp>
+
+#include <atomic>
+#include <thread>
+#include <vector>
+
+#include "memserver/sessions.h"
+
+using namespace rdmaswap;
+using Left = SessionTable::Left;
+
+TEST_CASE("sessions: the last leave detaches a bound session with a lease, ends the others",
+	  "[sessions]")
+{
+	SessionTable t;
+	const Mac key{};
+	const auto a = t.create(false, key); // bound, lease: detached
+	REQUIRE(t.bind(a.id, "k/a", "a", 30).err == 0);
+	const auto z = t.create(false, key); // bound, lease 0: ended
+	REQUIRE(t.bind(z.id, "k/z", "z", 0).err == 0);
+	const auto u = t.create(false, key); // unbound: ended
+
+	REQUIRE(t.join(a.id, a.token)); // two references
+	CHECK(t.leave(a.id) == Left::Live);
+	CHECK_FALSE(t.detached(a.id));
+	CHECK(t.leave(a.id) == Left::Detached);
+	CHECK(t.detached(a.id));
+	// A detached session has no reference left to drop.
+	CHECK(t.leave(a.id) == Left::Live);
+	CHECK(t.detached(a.id));
+	// Its client comes back: live again, and its next last leave detaches it again.
+	CHECK(t.join(a.id, a.token));
+	CHECK_FALSE(t.detached(a.id));
+	CHECK(t.leave(a.id) == Left::Detached);
+
+	CHECK(t.leave(z.id) == Left::Ended);
+	CHECK(t.leave(u.id) == Left::Ended);
+	// Ended means gone, at once: not joinable, not taken over, not listed.
+	CHECK_FALSE(t.join(z.id, z.token));
+	CHECK_FALSE(t.join(u.id, u.token));
+	CHECK(t.leave(u.id) == Left::Live); // unknown: nothing to do
+	const auto b = t.create(false, key);
+	const auto r = t.bind(b.id, "k/z", "z", 30);
+	CHECK(r.err == 0);
+	CHECK(r.took_over == 0);
+	CHECK(t.count() == 2);
+}
+
+TEST_CASE("sessions: a wrong token joins nothing and changes nothing", "[sessions]")
+{
+	SessionTable t;
+	const auto a = t.create(false, Mac{});
+	REQUIRE(t.bind(a.id, "k/a", "a", 30).err == 0);
+	CHECK_FALSE(t.join(a.id, a.token ^ 1));
+	CHECK(t.leave(a.id) == Left::Detached); // still one reference only
+	CHECK_FALSE(t.join(a.id, a.token + 1));
+	CHECK(t.detached(a.id));
+	CHECK_FALSE(t.join(a.id + 1, a.token));
+}
+
+TEST_CASE("sessions: racing joins and leaves keep the reference count exact", "[sessions]")
+{
+	// Each thread joins and leaves in turn; the session starts with the creator's reference,
+	// which is dropped last. Every leave but that one must see other references, and that
+	// one must detach the session: never Ended, never a lost or extra reference.
+	SessionTable t;
+	const auto a = t.create(false, Mac{});
+	REQUIRE(t.bind(a.id, "k/a", "a", 30).err == 0);
+	std::atomic<int> wrong{0};
+	std::vector<std::thread> ts;
+	for (int k = 0; k < 4; k++)
+		ts.emplace_back([&] {
+			for (int i = 0; i < 20000; i++) {
+				if (!t.join(a.id, a.token))
+					wrong++;
+				if (t.leave(a.id) != Left::Live)
+					wrong++;
+			}
+		});
+	for (auto &th : ts)
+		th.join();
+	CHECK(wrong.load() == 0);
+	CHECK(t.leave(a.id) == Left::Detached);
+	CHECK(t.leave(a.id) == Left::Live);
+}
