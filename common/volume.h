@@ -200,14 +200,6 @@ private:
 		uint32_t len;
 		uint32_t pos;   // within the chunk / channel buffer
 	};
-	// Which replicas of one slab took a write: (server, slab id) of each, so that the slow
-	// fence finds them again after the slab's lock was dropped.
-	struct Took {
-		uint64_t slab = 0;
-		uint8_t n = 0;
-		uint16_t server[kMaxReplicas];
-		uint32_t id[kMaxReplicas];
-	};
 
 	// The bound on waiting for a lock or a channel: its holders are inside bounded network
 	// waits, at most one per replica tried (a read fails over within one chunk), plus one.
@@ -256,7 +248,7 @@ private:
 	// Write the channel buffer's first `len` bytes to [at, at+len). 0, EIO, or EAGAIN when a
 	// slab turned out empty (trimmed meanwhile: allocate and write again). Slabs whose write
 	// was taken by fewer than `replicas` replicas and that need fencing go to `fence`/`nfence`.
-	int write_chunk(Channel &ch, uint64_t at, uint32_t len, Took *fence, unsigned &nfence);
+	int write_chunk(Channel &ch, uint64_t at, uint32_t len, uint64_t *fence, unsigned &nfence);
 	// Write `count` bytes from `src` (zeros if null) at `offset`: allocating empty slabs
 	// first (`allocate`), or skipping them (they read zeros already). 0 or an errno.
 	int write_range(const std::byte *src, uint64_t count, uint64_t offset, bool allocate);
@@ -267,11 +259,14 @@ private:
 	// as a floor elsewhere, before the write is acknowledged.
 	// fenced(): true if that holds already (slab locked shared by the caller; no wait).
 	bool fenced(const Slab &s, uint8_t took) const;
-	// fence_slow(): make it hold with control RPCs. Caller holds `maint` and no slab lock.
-	// 0 or EIO (no replica that took the write could be marked newest).
-	int fence_slow(uint64_t slab, const Took &took);
+	// fence_slow(): make it hold, with control RPCs, for every replica that is valid now.
+	// Those are exactly the replicas that hold the write: one that missed it was invalidated
+	// when it failed it (or was invalid already, and stays so), and one added since was
+	// copied after the write completed. Caller holds `maint` and no slab lock. 0 or EIO (no
+	// valid replica could be marked newest).
+	int fence_slow(uint64_t slab);
 	// The write path's fence: takes `maint` (bounded), then fence_slow. 0 or EIO.
-	int fence_write(const Took &took);
+	int fence_write(uint64_t slab);
 	void repair_loop();
 	// Copy slab `slab` from replica `src` to a new replica on `dst` while the slab keeps
 	// serving (writes landing meanwhile are copied again), then switch over in a short

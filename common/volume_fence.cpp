@@ -27,31 +27,29 @@ bool Volume::fenced(const Slab &s, uint8_t took) const
 	return min_took > max_other && s.floored >= min_took;
 }
 
-int Volume::fence_write(const Took &took)
+int Volume::fence_write(uint64_t slab)
 {
-	Slab &s = slabs_[took.slab];
+	Slab &s = slabs_[slab];
 	if (!lock_maint(s, deadline())) {
 		logger("volume")->warn("slab {}: a degraded write could not be fenced in time: EIO",
-				       took.slab);
+				       slab);
 		return EIO;
 	}
 	std::unique_lock maint(s.maint, std::adopt_lock);
-	return fence_slow(took.slab, took);
+	return fence_slow(slab);
 }
 
-int Volume::fence_slow(uint64_t slab, const Took &t)
+int Volume::fence_slow(uint64_t slab)
 {
 	Slab &s = slabs_[slab];
-	// rep[] cannot change while we hold `maint`: find the replicas that took the write (the
-	// repair may have dropped some meanwhile; those it added were copied after the write).
+	// rep[] cannot change while we hold `maint`. Every valid replica holds the write (see
+	// volume.h); the others may not, and must end up with a lower epoch.
 	uint8_t took = 0;
 	for (unsigned k = 0; k < s.nrep; k++)
-		for (unsigned j = 0; j < t.n; j++)
-			if (s.rep[k].server == t.server[j] && s.rep[k].grant.id == t.id[j] &&
-			    valid(s.rep[k]))
-				took |= uint8_t(1u << k);
+		if (valid(s.rep[k]))
+			took |= uint8_t(1u << k);
 	if (!took)
-		return EIO; // no replica that took the write is still valid
+		return EIO; // no replica that holds the write is still valid
 	uint64_t target, min_took = UINT64_MAX;
 	{
 		std::lock_guard lock(s.epoch_mu);

@@ -104,7 +104,8 @@ int Volume::read_chunk(Channel &ch, uint64_t at, uint32_t len)
 	return err;
 }
 
-int Volume::write_chunk(Channel &ch, uint64_t at, uint32_t len, Took *fence, unsigned &nfence)
+int Volume::write_chunk(Channel &ch, uint64_t at, uint32_t len, uint64_t *fence,
+			unsigned &nfence)
 {
 	nfence = 0;
 	Piece pieces[kMaxPieces];
@@ -183,14 +184,7 @@ int Volume::write_chunk(Channel &ch, uint64_t at, uint32_t len, Took *fence, uns
 		} else if (tagged_ && ntook < replicas_ && !fenced(s, took)) {
 			// Degraded, and the epochs must be raised first: done by the caller with no
 			// lock held (control calls).
-			Took &t = fence[nfence++];
-			t.slab = pieces[i].slab;
-			t.n = 0;
-			for (unsigned k = 0; k < s.nrep; k++)
-				if (took & (1u << k)) {
-					t.server[t.n] = s.rep[k].server;
-					t.id[t.n++] = s.rep[k].grant.id;
-				}
+			fence[nfence++] = pieces[i].slab;
 		}
 	}
 	unlock_pieces(slabs_, pieces, n);
@@ -235,7 +229,7 @@ int Volume::write_range(const std::byte *src, uint64_t count, uint64_t offset, b
 			len = uint32_t(std::min<uint64_t>(len, slab_size_ - at % slab_size_));
 		else if (int err = ensure_allocated(at / slab_size_, (at + len - 1) / slab_size_))
 			return err; // (before taking a channel: allocating makes control calls)
-		Took fence[kMaxPieces];
+		uint64_t fence[kMaxPieces];
 		unsigned nfence = 0;
 		int r;
 		{

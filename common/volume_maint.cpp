@@ -326,15 +326,9 @@ bool Volume::repair(uint64_t slab, Channel &ch)
 		// Invalid replicas leave the set below, but their donors may still hold them (a
 		// hung donor): the good ones get a higher epoch first, so that a restart never
 		// takes a dropped replica for a current one. (A donor failing it is invalidated.)
-		Took good;
-		good.slab = slab;
-		for (unsigned i = 0; i < s.nrep; i++)
-			if (valid(s.rep[i])) {
-				good.server[good.n] = s.rep[i].server;
-				good.id[good.n++] = s.rep[i].grant.id;
-			}
-		if (good.n && good.n < s.nrep)
-			fence_slow(slab, good);
+		const unsigned good = valid_count(s);
+		if (good && good < s.nrep)
+			fence_slow(slab);
 	}
 	Replica good[kMaxReplicas], drop[kMaxReplicas];
 	unsigned ngood = 0, ndrop = 0;
