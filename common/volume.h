@@ -231,6 +231,9 @@ private:
 	// or EIO when it is 0.
 	unsigned grant(uint64_t slab, uint64_t epoch, unsigned want, std::span<const uint16_t> exclude,
 		       Replica *out, int &err);
+	// A fresh grant (tagged epoch 0) for a copy of `slab` on a donor holding none of its
+	// replicas. Caller holds the slab's `maint`. False if no donor has room.
+	bool grant_copy(uint64_t slab, Replica &dst);
 	// Give every slab in [first, last] that has no replica its replicas (first writes).
 	// Takes each slab's `maint`, no other lock. 0, ENOSPC or EIO.
 	int ensure_allocated(uint64_t first, uint64_t last);
@@ -259,6 +262,13 @@ private:
 	// as a floor elsewhere, before the write is acknowledged.
 	// fenced(): true if that holds already (slab locked shared by the caller; no wait).
 	bool fenced(const Slab &s, uint8_t took) const;
+	// The lowest epoch among the replicas in `took` (bit k: rep[k]), and the highest among
+	// the others and among all. Caller holds `epoch_mu`.
+	struct Epochs {
+		uint64_t min_took = UINT64_MAX, max_other = 0, max_all = 0;
+		bool fenced(uint64_t floored) const { return min_took > max_other && floored >= min_took; }
+	};
+	static Epochs epochs(const Slab &s, uint8_t took);
 	// fence_slow(): make it hold, with control RPCs, for every replica that is valid now.
 	// Those are exactly the replicas that hold the write: one that missed it was invalidated
 	// when it failed it (or was invalid already, and stays so), and one added since was

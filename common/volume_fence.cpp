@@ -13,18 +13,24 @@
 
 namespace rdmaswap {
 
-bool Volume::fenced(const Slab &s, uint8_t took) const
+Volume::Epochs Volume::epochs(const Slab &s, uint8_t took)
 {
-	std::lock_guard lock(s.epoch_mu);
-	uint64_t min_took = UINT64_MAX, max_other = 0;
+	Epochs r;
 	for (unsigned k = 0; k < s.nrep; k++) {
 		const uint64_t e = s.rep[k].epoch;
 		if (took & (1u << k))
-			min_took = std::min(min_took, e);
+			r.min_took = std::min(r.min_took, e);
 		else
-			max_other = std::max(max_other, e);
+			r.max_other = std::max(r.max_other, e);
+		r.max_all = std::max(r.max_all, e);
 	}
-	return min_took > max_other && s.floored >= min_took;
+	return r;
+}
+
+bool Volume::fenced(const Slab &s, uint8_t took) const
+{
+	std::lock_guard lock(s.epoch_mu);
+	return epochs(s, took).fenced(s.floored);
 }
 
 int Volume::fence_write(uint64_t slab)
@@ -50,21 +56,14 @@ int Volume::fence_slow(uint64_t slab)
 			took |= uint8_t(1u << k);
 	if (!took)
 		return EIO; // no replica that holds the write is still valid
-	uint64_t target, min_took = UINT64_MAX;
+	uint64_t target, min_took;
 	{
 		std::lock_guard lock(s.epoch_mu);
-		uint64_t max_other = 0, max_all = 0;
-		for (unsigned k = 0; k < s.nrep; k++) {
-			const uint64_t e = s.rep[k].epoch;
-			if (took & (1u << k))
-				min_took = std::min(min_took, e);
-			else
-				max_other = std::max(max_other, e);
-			max_all = std::max(max_all, e);
-		}
-		if (min_took > max_other && s.floored >= min_took)
+		const Epochs e = epochs(s, took);
+		if (e.fenced(s.floored))
 			return 0; // fenced already (by an earlier write since the replica set shrank)
-		target = min_took > max_other ? min_took : max_all + 1;
+		min_took = e.min_took;
+		target = e.min_took > e.max_other ? e.min_took : e.max_all + 1;
 	}
 	uint64_t holders = 0; // servers whose replica now carries `target`
 	for (unsigned k = 0; k < s.nrep; k++) {

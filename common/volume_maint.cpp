@@ -178,6 +178,17 @@ bool Volume::clone(uint64_t slab, const Replica src, const Replica dst, int repl
 	}
 }
 
+bool Volume::grant_copy(uint64_t slab, Replica &dst)
+{
+	const Slab &s = slabs_[slab];
+	uint16_t exclude[kMaxReplicas];
+	for (unsigned i = 0; i < s.nrep; i++)
+		exclude[i] = s.rep[i].server;
+	int err = 0;
+	// Epoch 0 until the copy is complete: a restart never trusts a half copy.
+	return grant(slab, 0, 1, std::span(exclude, s.nrep), &dst, err) == 1;
+}
+
 bool Volume::migrate(uint64_t slab, uint16_t server, uint32_t id, Channel &ch)
 {
 	Slab &s = slabs_[slab];
@@ -206,12 +217,8 @@ bool Volume::migrate(uint64_t slab, uint16_t server, uint32_t id, Channel &ch)
 		return true;
 	}
 	// Not onto a donor holding a copy (the one asking among them).
-	uint16_t exclude[kMaxReplicas];
-	for (unsigned i = 0; i < s.nrep; i++)
-		exclude[i] = s.rep[i].server;
 	Replica dst;
-	int err = 0;
-	if (grant(slab, 0, 1, std::span(exclude, s.nrep), &dst, err) == 0)
+	if (!grant_copy(slab, dst))
 		return false; // no other donor has room: the slab stays where it is
 	const Replica old = s.rep[k];
 	const int64_t t0 = now_ns();
@@ -350,13 +357,8 @@ bool Volume::repair(uint64_t slab, Channel &ch)
 	// Place the missing copies away from the donors that hold a good one, and copy them
 	// from a good replica while the slab keeps serving.
 	while (s.nrep < replicas_ && !stop_.load()) {
-		uint16_t exclude[kMaxReplicas];
-		for (unsigned i = 0; i < s.nrep; i++)
-			exclude[i] = s.rep[i].server;
 		Replica dst;
-		int err = 0;
-		// Epoch 0 until the copy is complete: a restart never trusts a half copy.
-		if (grant(slab, 0, 1, std::span(exclude, s.nrep), &dst, err) == 0)
+		if (!grant_copy(slab, dst))
 			break;
 		if (!clone(slab, s.rep[0], dst, -1, ch, repair_bytes_))
 			break; // source or destination failed, or I/O needed the slab: next pass
