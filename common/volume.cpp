@@ -76,7 +76,9 @@ Volume::Volume(std::vector<std::unique_ptr<Server>> servers, const VolumeOptions
 	clone_job_.block = std::min<uint64_t>({slab_size_, kCloneBlock, buffer_size_});
 	clone_job_.nblocks = slab_size_ / clone_job_.block;
 	clone_job_.dirty = std::make_unique<std::atomic<uint64_t>[]>((clone_job_.nblocks + 63) / 64);
-	const size_t window = size_t(clone_job_.block) * std::min<uint64_t>(kMaxBatch, clone_job_.nblocks);
+	clone_job_.window = unsigned(std::min<uint64_t>(
+		{kMaxBatch, std::max<uint64_t>(1, kCopyWindow / clone_job_.block), clone_job_.nblocks}));
+	const size_t window = size_t(clone_job_.block) * clone_job_.window;
 	const unsigned nch = opts.channels;
 	region_len_ = buffer_size_ * nch + 2 * window;
 	void *p = mmap(nullptr, region_len_, PROT_READ | PROT_WRITE,

@@ -135,6 +135,7 @@ private:
 	struct CloneJob {
 		uint64_t block = 0;  // bytes per dirty bit
 		uint64_t nblocks = 0;
+		unsigned window = 0; // blocks in flight per window
 		std::unique_ptr<std::atomic<uint64_t>[]> dirty; // nblocks bits
 		void mark(uint64_t off, uint64_t len);
 		// Take (and clear) the dirty bit of block b.

@@ -38,12 +38,12 @@ uint64_t Volume::CloneJob::count() const
 bool Volume::copy_dirty(Slab &s, const Replica &src, const Replica &dst, Channel &ch,
 			std::atomic<uint64_t> &bytes, bool may_yield)
 {
-	// Two windows of up to kMaxBatch blocks: the source fills one while the destination
+	// Two windows (CloneJob::window blocks each): the source fills one while the destination
 	// takes the other, each with every request of its window in flight. A block's dirty bit
 	// is cleared before the block is read, so a write that lands after that read marks it
 	// again (writers mark after their write completed).
 	const uint64_t bs = clone_job_.block;
-	const unsigned per = unsigned(std::min<uint64_t>(kMaxBatch, clone_job_.nblocks));
+	const unsigned per = clone_job_.window;
 	std::byte *buf[2] = {ch.buf, ch.buf + bs * per};
 	uint64_t blocks[2][kMaxBatch];
 	unsigned nb[2] = {0, 0};
@@ -60,16 +60,18 @@ bool Volume::copy_dirty(Slab &s, const Replica &src, const Replica &dst, Channel
 			next++;
 		}
 		const unsigned prev = cur ^ 1;
+		// Reads first (small requests: the source starts sending at once), then the writes
+		// (over TCP, their payloads go out while the source's answers come in).
 		bool wrote_ok = true, read_ok = true;
-		for (unsigned i = 0; i < nb[prev]; i++)
-			wrote_ok = to.post_write(dst.grant, blocks[prev][i] * bs, uint32_t(bs),
-						 buf[prev] + i * bs) == 0 && wrote_ok;
 		for (unsigned i = 0; i < nb[cur]; i++)
 			read_ok = from.post_read(src.grant, blocks[cur][i] * bs, uint32_t(bs),
 						 buf[cur] + i * bs) == 0 && read_ok;
+		for (unsigned i = 0; i < nb[prev]; i++)
+			wrote_ok = to.post_write(dst.grant, blocks[prev][i] * bs, uint32_t(bs),
+						 buf[prev] + i * bs) == 0 && wrote_ok;
 		// complete() always runs for a path that was posted to: it ends the batch.
-		wrote_ok = (nb[prev] == 0 || to.complete() == 0) && wrote_ok;
 		read_ok = (nb[cur] == 0 || from.complete() == 0) && read_ok;
+		wrote_ok = (nb[prev] == 0 || to.complete() == 0) && wrote_ok;
 		if (!wrote_ok || !read_ok) {
 			mark_down(!wrote_ok ? dst.server : src.server);
 			return false; // the copy is abandoned (and started over later)
