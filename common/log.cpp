@@ -1,37 +1,178 @@
 // SPDX-License-Identifier: MIT
-// Named spdlog loggers sharing one sink and one level.
+// Named spdlog loggers in a fixed table (lock-free lookup), one sink and one level for all.
 #include "common/log.h"
 
-#include <mutex>
+#include <unistd.h>
 
-#include <spdlog/sinks/stdout_color_sinks.h>
+#include <algorithm>
+#include <atomic>
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+#include <ctime>
+
+#include <spdlog/sinks/sink.h>
 
 namespace rdmaswap {
 namespace {
 
-std::mutex g_mu;
-spdlog::sink_ptr g_sink;
-spdlog::level::level_enum g_level = spdlog::level::info;
+// One logger. Written once, under g_create_mu, before g_count makes it visible (release);
+// never changed afterwards, so readers that load g_count (acquire) need no lock.
+struct Slot {
+	char name[kMaxLoggerName + 1];
+	size_t len;
+	std::shared_ptr<spdlog::logger> logger;
+};
+Slot g_slots[kMaxLoggers + 1]; // the last one: "other", for names beyond kMaxLoggers
+std::atomic<size_t> g_count{0}; // slots [0, g_count) are published
+std::mutex g_create_mu;         // creating a logger, set_log_sink, set_log_level
+spdlog::sink_ptr g_sink;        // under g_create_mu
+spdlog::level::level_enum g_level = spdlog::level::info; // under g_create_mu
+
+const std::shared_ptr<spdlog::logger> *find(std::string_view name, size_t count)
+{
+	for (size_t i = 0; i < count; i++)
+		if (std::string_view(g_slots[i].name, g_slots[i].len) == name)
+			return &g_slots[i].logger;
+	return nullptr;
+}
+
+// Fills slot `i` with a new logger called `name`. Under g_create_mu.
+const std::shared_ptr<spdlog::logger> &fill(size_t i, std::string_view name)
+{
+	if (!g_sink)
+		g_sink = make_fd_sink(STDERR_FILENO);
+	Slot &s = g_slots[i];
+	std::memcpy(s.name, name.data(), name.size());
+	s.name[name.size()] = '\0';
+	s.len = name.size();
+	s.logger = std::make_shared<spdlog::logger>(std::string(name), g_sink);
+	s.logger->set_level(g_level);
+	return s.logger;
+}
+
+const std::shared_ptr<spdlog::logger> &create(std::string_view name)
+{
+	std::lock_guard lock(g_create_mu);
+	const size_t n = g_count.load(std::memory_order_relaxed);
+	if (auto *l = find(name, n))
+		return *l;
+	if (n == kMaxLoggers) {
+		if (!g_slots[kMaxLoggers].logger)
+			fill(kMaxLoggers, "other");
+		return g_slots[kMaxLoggers].logger;
+	}
+	const auto &l = fill(n, name);
+	g_count.store(n + 1, std::memory_order_release);
+	return l;
+}
+
+// The level's name as the default sink prints it, and its colour on a terminal.
+struct LevelStyle {
+	const char *color;
+	std::string_view name;
+};
+LevelStyle style(spdlog::level::level_enum lvl)
+{
+	switch (lvl) {
+	case spdlog::level::trace: return {"\033[37m", "trace"};
+	case spdlog::level::debug: return {"\033[36m", "debug"};
+	case spdlog::level::info: return {"\033[32m", "info"};
+	case spdlog::level::warn: return {"\033[33m\033[1m", "warning"};
+	case spdlog::level::err: return {"\033[31m\033[1m", "error"};
+	case spdlog::level::critical: return {"\033[1m\033[41m", "critical"};
+	default: return {"", "off"};
+	}
+}
+
+class FdSink final : public spdlog::sinks::sink {
+public:
+	explicit FdSink(int fd) : fd_(fd), color_(isatty(fd) == 1) {}
+
+	void log(const spdlog::details::log_msg &msg) override
+	{
+		const int saved_errno = errno;
+		char buf[kMaxPayload + 160];
+		size_t n = 0;
+		auto put = [&](std::string_view s) {
+			const size_t k = std::min(s.size(), sizeof buf - n);
+			std::memcpy(buf + n, s.data(), k);
+			n += k;
+		};
+		put(timestamp(msg.time));
+		put(" ");
+		const auto st = style(msg.level);
+		if (color_)
+			put(st.color);
+		put(st.name);
+		if (color_)
+			put("\033[m");
+		put(" [");
+		put(std::string_view(msg.logger_name.data(), msg.logger_name.size()));
+		put("] ");
+		const std::string_view text(msg.payload.data(), msg.payload.size());
+		put(text.substr(0, kMaxPayload));
+		if (text.size() > kMaxPayload)
+			put("...");
+		put("\n");
+		for (size_t off = 0; off < n;) {
+			const ssize_t w = ::write(fd_, buf + off, n - off);
+			if (w < 0 && errno == EINTR)
+				continue;
+			if (w <= 0)
+				break;
+			off += size_t(w);
+		}
+		errno = saved_errno;
+	}
+	void flush() override {}
+	void set_pattern(const std::string &) override {}
+	void set_formatter(std::unique_ptr<spdlog::formatter>) override {}
+
+private:
+	static constexpr size_t kMaxPayload = 1000;
+
+	// "2025-01-31T12:00:00.123" in local time. localtime_r (which takes glibc's time zone
+	// lock) runs at most once a second per thread.
+	static std::string_view timestamp(spdlog::log_clock::time_point t)
+	{
+		thread_local std::time_t cached_sec = -1;
+		thread_local char text[32];
+		const auto since = t.time_since_epoch();
+		const std::time_t sec = std::chrono::duration_cast<std::chrono::seconds>(since).count();
+		const auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(since).count() % 1000;
+		if (sec != cached_sec) {
+			std::tm tm{};
+			localtime_r(&sec, &tm);
+			std::strftime(text, 20, "%Y-%m-%dT%H:%M:%S", &tm);
+			cached_sec = sec;
+		}
+		std::snprintf(text + 19, sizeof text - 19, ".%03d", int(ms));
+		return {text, 23};
+	}
+
+	const int fd_;
+	const bool color_;
+};
 
 } // namespace
 
-std::shared_ptr<spdlog::logger> logger(const std::string &name)
+const std::shared_ptr<spdlog::logger> &logger(std::string_view name)
 {
-	std::lock_guard lock(g_mu);
-	if (auto l = spdlog::get(name))
-		return l;
-	if (!g_sink)
-		g_sink = std::make_shared<spdlog::sinks::stderr_color_sink_mt>();
-	auto l = std::make_shared<spdlog::logger>(name, g_sink);
-	l->set_level(g_level);
-	l->set_pattern("%Y-%m-%dT%H:%M:%S.%e %^%l%$ [%n] %v");
-	spdlog::register_logger(l);
-	return l;
+	name = name.substr(0, kMaxLoggerName);
+	if (auto *l = find(name, g_count.load(std::memory_order_acquire)))
+		return *l;
+	return create(name);
+}
+
+spdlog::sink_ptr make_fd_sink(int fd)
+{
+	return std::make_shared<FdSink>(fd);
 }
 
 void set_log_sink(spdlog::sink_ptr sink)
 {
-	std::lock_guard lock(g_mu);
+	std::lock_guard lock(g_create_mu);
 	g_sink = std::move(sink);
 }
 
@@ -40,9 +181,13 @@ bool set_log_level(const std::string &level)
 	const auto lvl = spdlog::level::from_str(level);
 	if (lvl == spdlog::level::off && level != "off")
 		return false;
-	std::lock_guard lock(g_mu);
+	std::lock_guard lock(g_create_mu);
 	g_level = lvl;
-	spdlog::apply_all([lvl](std::shared_ptr<spdlog::logger> l) { l->set_level(lvl); });
+	const size_t n = g_count.load(std::memory_order_relaxed);
+	for (size_t i = 0; i < n; i++)
+		g_slots[i].logger->set_level(lvl);
+	if (g_slots[kMaxLoggers].logger)
+		g_slots[kMaxLoggers].logger->set_level(lvl);
 	return true;
 }
 

@@ -7,20 +7,39 @@
 #include <memory>
 #include <mutex>
 #include <string>
+#include <string_view>
 
 #include <spdlog/spdlog.h>
 
 namespace rdmaswap {
 
-// Returns the logger called `name`, creating it (stderr sink, or the sink installed with
-// set_log_sink) on first use. Safe from any thread. Never call at info level on a data path.
-std::shared_ptr<spdlog::logger> logger(const std::string &name);
+// Returns the logger called `name` (at most kMaxLoggerName characters; longer names are cut),
+// creating it on first use with the sink installed by set_log_sink (default: stderr) and the
+// level of set_log_level. Safe from any thread. Once a name has been seen, the lookup takes no
+// lock and allocates nothing: the loggers live in a fixed table that is only appended to (under
+// a mutex) and published with an atomic count. The logger lives until the process exits. After
+// kMaxLoggers distinct names, further new names share one logger called "other".
+// The reference stays valid until exit: `logger("x")->warn(...)` costs no reference count;
+// `auto log = logger("x")` copies the shared_ptr (one atomic increment, no lock).
+// Never log at info level on a data path.
+const std::shared_ptr<spdlog::logger> &logger(std::string_view name);
+inline constexpr size_t kMaxLoggers = 32;
+inline constexpr size_t kMaxLoggerName = 31;
 
-// Replace the sink used by loggers created from now on (the plugin routes to nbdkit's log).
+// Replace the sink used by loggers created from now on (the plugin routes to nbdkit's log);
+// null restores the default. The sink's log() is called from many threads at once: it must be
+// thread-safe.
 void set_log_sink(spdlog::sink_ptr sink);
 
-// "trace", "debug", "info", "warn", "error", "off". False if unknown.
+// "trace", "debug", "info", "warn", "error", "off": the level of every logger, existing and
+// future. False if unknown. The default is "info".
 bool set_log_level(const std::string &level);
+
+// The default sink: writes each message as one line, "2025-01-31T12:00:00.123 warning [name]
+// text" (the level name coloured when `fd` is a terminal), formatted on the stack and written
+// with a single write(2), so concurrent lines do not interleave and no lock is taken. A message
+// longer than about 1000 bytes is cut and ends in "...".
+spdlog::sink_ptr make_fd_sink(int fd);
 
 // Lets through at most `burst` messages per `period` and counts the rest, so that what a
 // hostile peer provokes (failed logins, connection floods) cannot flood the log. Thread-safe.

@@ -20,7 +20,7 @@
 #include <string>
 #include <vector>
 
-#include <spdlog/sinks/base_sink.h>
+#include <spdlog/sinks/sink.h>
 
 #include "common/auth.h"
 #include "common/config.h"
@@ -33,26 +33,37 @@
 #include "common/tcp/rpc.h"
 #include "common/volume.h"
 
+// nbdkit -D rdmaswap.debug=1: the plugin's loggers log at debug level (default: info). nbdkit
+// prints debug and info messages only with -v. A debug flag (see nbdkit-plugin(3), "Debug
+// Flags"): nbdkit finds it by this name and sets it when it loads the plugin.
+extern "C" NBDKIT_DLL_PUBLIC int rdmaswap_debug_debug;
+int rdmaswap_debug_debug = 0;
 
 namespace {
 
 using namespace rdmaswap;
 
-// Routes the project's spdlog loggers into nbdkit's log: warnings and errors always, the
-// rest only with nbdkit -v.
-class NbdkitSink final : public spdlog::sinks::base_sink<std::mutex> {
-protected:
-	void sink_it_(const spdlog::details::log_msg &msg) override
+// Routes the project's spdlog loggers into nbdkit's log: warnings and errors always (through
+// nbdkit_error: nbdkit 1.32 has no warning level, so a warning reads "error: warning: ..."),
+// info and debug only with nbdkit -v. Formats nothing itself and allocates nothing: nbdkit
+// prints the message (already formatted by spdlog on the stack) with "%.*s". Thread-safe
+// without a lock of its own, as nbdkit_error and nbdkit_debug are.
+class NbdkitSink final : public spdlog::sinks::sink {
+public:
+	void log(const spdlog::details::log_msg &msg) override
 	{
-		const std::string text(msg.payload.data(), msg.payload.size());
-		const std::string name(msg.logger_name.data(), msg.logger_name.size());
+		const int name_len = int(msg.logger_name.size());
+		const int text_len = int(msg.payload.size());
 		if (msg.level >= spdlog::level::warn)
-			nbdkit_error("%s%s: %s", msg.level == spdlog::level::warn ? "warning: " : "",
-				     name.c_str(), text.c_str());
+			nbdkit_error("%s%.*s: %.*s", msg.level == spdlog::level::warn ? "warning: " : "",
+				     name_len, msg.logger_name.data(), text_len, msg.payload.data());
 		else
-			nbdkit_debug("%s: %s", name.c_str(), text.c_str());
+			nbdkit_debug("%.*s: %.*s", name_len, msg.logger_name.data(), text_len,
+				     msg.payload.data());
 	}
-	void flush_() override {}
+	void flush() override {}
+	void set_pattern(const std::string &) override {}
+	void set_formatter(std::unique_ptr<spdlog::formatter>) override {}
 };
 
 struct Config {
@@ -174,7 +185,9 @@ template <typename Fn> int guarded(const char *what, Fn &&fn)
 void rdmaswap_load()
 {
 	set_log_sink(std::make_shared<NbdkitSink>());
-	set_log_level("debug"); // nbdkit_debug itself is silent without -v
+	// info (shown with nbdkit -v), or debug with -D rdmaswap.debug=1 (nbdkit sets the flag
+	// before it calls .load).
+	set_log_level(rdmaswap_debug_debug ? "debug" : "info");
 }
 
 void rdmaswap_unload()

@@ -2,13 +2,16 @@
 # SPDX-License-Identifier: MIT
 # Install dependencies (as root), build with warnings as errors, run every test: unit, host
 # integration (real memserver + nbdkit + nbdsh/nbdcopy/fio) and the VM tests (real kernel nbd
-# swap over Soft-RoCE). Then two more phases, each in its own build dir next to BUILD_DIR:
+# swap over Soft-RoCE). Then three more phases, each in its own build dir next to BUILD_DIR:
 #   BUILD_DIR-asan  gcc with ASan+UBSan (-fno-sanitize-recover=all): the unit and host
 #                   integration tests again (functions.sh preloads libasan into nbdkit only);
 #   BUILD_DIR-fuzz  clang -Dfuzzing=enabled: every libFuzzer target in tests/fuzz for
-#                   RDMASWAP_FUZZ_SECONDS (default 30) each, from a scratch copy of its corpus.
-# To save wall time the two extra build dirs are compiled at low priority while the main tests
-# run; the fuzzers run (side by side) before the sanitizer build's tests.
+#                   RDMASWAP_FUZZ_SECONDS (default 30) each, from a scratch copy of its corpus;
+#   BUILD_DIR-tsan  gcc with ThreadSanitizer: the unit and host integration tests again
+#                   (functions.sh preloads libtsan into nbdkit only and drops its --swap); any
+#                   TSan report fails the test.
+# To save wall time the extra build dirs are compiled at low priority while the main tests
+# run; the fuzzers run (side by side) before the sanitizer builds' tests.
 # Ends with one line "N passed, N failed, N skipped" summing every phase that ran. A phase
 # that cannot be set up or built counts as a failure.
 # Usage: tools/run-tests.sh [BUILD_DIR] [-- extra meson test args, e.g. --suite unit]
@@ -22,6 +25,7 @@ shift || true
 build=$(mkdir -p "$build" && cd "$build" && pwd)
 asan="$build-asan"
 fuzz="$build-fuzz"
+tsan="$build-tsan"
 extra=${RDMASWAP_EXTRA_PHASES:-1}
 "$src/tools/install-deps.sh" || exit 1
 # nbdsh is a python script that needs Debian's python3 (with python3-libnbd) first on PATH.
@@ -34,6 +38,12 @@ asan_setup=(-Db_sanitize=address,undefined -Doptimization=1
 	"-Dcpp_args=-fno-sanitize-recover=all -Wno-maybe-uninitialized"
 	-Dcpp_link_args=-fno-sanitize-recover=all)
 fuzz_setup=(-Dfuzzing=enabled -Dtests=disabled)
+# ThreadSanitizer, at the default -O2 -g (TSan slows the code down 5-15 times).
+tsan_setup=(-Db_sanitize=thread)
+# A TSan report makes a process exit with status 66 when it ends (the unit tests; the
+# integration tests also collect every process's reports, functions.sh). Both stacks of a race
+# and of a lock-order inversion in full.
+tsan_options="exitcode=66:second_deadlock_stack=1:history_size=4"
 
 # setup_build NAME DIR NINJA_TARGET [MESON SETUP OPTIONS...]: set up (or reconfigure) DIR with
 # --werror and build NINJA_TARGET in it ("" for everything); then mark it built
@@ -76,14 +86,15 @@ else
 	rc=1
 fi
 if [ "$extra" != 0 ]; then
-	# Both extra build dirs, one after the other, at the lowest priority, in the background.
+	# The extra build dirs, one after the other, at the lowest priority, in the background.
 	mkdir -p "$build/meson-logs"
 	extra_log="$build/meson-logs/extra-builds.log"
-	rm -f "$asan/.rdmaswap-built" "$fuzz/.rdmaswap-built"
+	rm -f "$asan/.rdmaswap-built" "$fuzz/.rdmaswap-built" "$tsan/.rdmaswap-built"
 	(
 		renice -n 19 -p "$BASHPID" >/dev/null
 		setup_build asan "$asan" "" "${asan_setup[@]}"
 		CXX=clang++ setup_build fuzz "$fuzz" fuzzers "${fuzz_setup[@]}"
+		setup_build tsan "$tsan" "" "${tsan_setup[@]}"
 	) >"$extra_log" 2>&1 &
 	extra_pid=$!
 fi
@@ -118,6 +129,11 @@ if [ "$extra" != 0 ]; then
 	if built asan "$asan"; then
 		run_tests asan "$asan" --suite unit --suite integration --timeout-multiplier 2 || rc=1
 		logs+=("$asan/meson-logs/testlog.json")
+	fi
+	if built tsan "$tsan"; then
+		TSAN_OPTIONS=$tsan_options run_tests tsan "$tsan" --suite unit --suite integration \
+			--timeout-multiplier 3 || rc=1
+		logs+=("$tsan/meson-logs/testlog.json")
 	fi
 	echo "==== extra phases took $((SECONDS - start)) s after the main tests"
 fi

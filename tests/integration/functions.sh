@@ -67,25 +67,42 @@ make_key() { (umask 077 && head -c 32 /dev/urandom | od -An -tx1 | tr -d ' \n' >
 export AUTH_KEY="$tmpdir/auth.key"
 make_key "$AUTH_KEY"
 
-# A sanitizer build of the plugin (meson sets RDMASWAP_NBDKIT_PRELOAD to libasan.so:libstdc++.so
-# for a -Db_sanitize=address build; tests/integration/meson.build says why both) cannot be loaded into Debian's nbdkit unless the ASan runtime is
-# loaded first. So `nbdkit` on this script's PATH becomes a wrapper that preloads it into nbdkit
-# alone (python, nbdsh, nbdcopy and fio must not get it), whoever starts nbdkit (start_nbdkit, or
-# a test running `timeout 20 nbdkit ...`). Sanitizer reports of every process go to
-# $tmpdir/sanitizer.PID, which cleanup turns into a failure; leaks that nbdkit's own code
-# allocated are not counted (sanitizer-reports.py), leaks in ours are.
+# A sanitizer build of the plugin cannot be loaded into Debian's (uninstrumented) nbdkit unless
+# the sanitizer's runtime is loaded first: meson sets RDMASWAP_NBDKIT_PRELOAD to
+# libasan.so:shim:libstdc++.so for a -Db_sanitize=address build, to libtsan.so:shim:libstdc++.so for
+# -Db_sanitize=thread (with RDMASWAP_SANITIZER=thread); tests/integration/meson.build says why.
+# So `nbdkit` on this script's PATH becomes a wrapper that preloads it into nbdkit alone (python,
+# nbdsh, nbdcopy and fio must not get it), whoever starts nbdkit (start_nbdkit, or a test running
+# `timeout 20 nbdkit ...`). Sanitizer reports of every process go to $tmpdir/sanitizer.PID,
+# which cleanup turns into a failure; leaks that nbdkit's own code allocated are not counted
+# (sanitizer-reports.py), leaks in ours are.
+# Under ThreadSanitizer the wrapper also drops nbdkit's --swap (a test-only opt-out, see
+# docs/security.md "Fuzzing and sanitizers"): mlockall(MCL_FUTURE) in a process whose TSan
+# runtime is not yet loaded makes TSan's shadow mappings (terabytes of address space) locked,
+# and TSan fails. Once the runtime is loaded (preloaded here; linked into the memserver and
+# rdmaswapctl) it intercepts mlock and mlockall and makes them no-ops, so the plugin's and the
+# memserver's own calls need no opt-out, and memory is not locked in a TSan run.
 if [[ -n ${RDMASWAP_NBDKIT_PRELOAD:-} ]]; then
     for _lib in ${RDMASWAP_NBDKIT_PRELOAD//:/ }; do
         [[ -f $_lib ]] || { echo "FAIL: $0: no $_lib (RDMASWAP_NBDKIT_PRELOAD)" >&2; exit 1; }
     done
     _real_nbdkit=$(command -v nbdkit) || { echo "SKIP: $0: no nbdkit" >&2; exit 77; }
     mkdir "$tmpdir/sanitizer-bin"
-    printf '#!/bin/sh\nLD_PRELOAD="%s${LD_PRELOAD:+:$LD_PRELOAD}" exec "%s" "$@"\n' \
-        "$RDMASWAP_NBDKIT_PRELOAD" "$_real_nbdkit" >"$tmpdir/sanitizer-bin/nbdkit"
+    {
+        echo '#!/bin/sh'
+        # shellcheck disable=SC2016 # for the wrapper to expand
+        [[ ${RDMASWAP_SANITIZER:-} == thread ]] &&
+            echo 'for a do shift; [ "$a" = --swap ] || set -- "$@" "$a"; done'
+        printf 'LD_PRELOAD="%s${LD_PRELOAD:+:$LD_PRELOAD}" exec "%s" "$@"\n' \
+            "$RDMASWAP_NBDKIT_PRELOAD" "$_real_nbdkit"
+    } >"$tmpdir/sanitizer-bin/nbdkit"
     chmod +x "$tmpdir/sanitizer-bin/nbdkit"
     export PATH="$tmpdir/sanitizer-bin:$PATH"
     export ASAN_OPTIONS="log_path=$tmpdir/sanitizer:detect_leaks=1${ASAN_OPTIONS:+:$ASAN_OPTIONS}"
     export UBSAN_OPTIONS="log_path=$tmpdir/sanitizer:print_stacktrace=1:halt_on_error=1${UBSAN_OPTIONS:+:$UBSAN_OPTIONS}"
+    # Every report is written (halt_on_error=0: the test goes on, and cleanup fails it), also
+    # by the memserver and rdmaswapctl (built with TSan, so they need no preload).
+    export TSAN_OPTIONS="log_path=$tmpdir/sanitizer:halt_on_error=0:second_deadlock_stack=1${TSAN_OPTIONS:+:$TSAN_OPTIONS}"
 fi
 
 fail() { echo "FAIL: $0: $*" >&2; exit 1; }
@@ -263,11 +280,17 @@ ctl_giveback() {
 }
 
 # expect_rss_drop PID BEFORE_KB MIB: fail unless the VmRSS of PID is at least 90% of MIB MiB
-# below BEFORE_KB (memory given back to the kernel).
+# below BEFORE_KB (memory given back to the kernel). Not under ThreadSanitizer, whose shadow
+# memory is part of VmRSS and does not shrink with the memory given back (a drop of 26-45 of
+# 56 MiB was measured): there it only logs. The main and ASan runs check it.
 expect_rss_drop() {
     local after
     after=$(proc_kb "$1" VmRSS)
     log "pid $1 VmRSS $2 kB -> $after kB (expected about $3 MiB less)"
+    if [[ ${RDMASWAP_SANITIZER:-} == thread ]]; then
+        log "ThreadSanitizer build: resident memory not checked"
+        return 0
+    fi
     (($2 - after >= $3 * 1024 * 9 / 10)) ||
         fail "resident memory of pid $1 shrank by only $(($2 - after)) kB, expected ~$(($3 * 1024)) kB"
 }

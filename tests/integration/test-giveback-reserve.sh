@@ -16,7 +16,7 @@ set_avail() { printf 'MemTotal:       99999999 kB\nMemAvailable:   %d kB\n' "$1"
 	      mv "$meminfo.new" "$meminfo"; }
 set_avail $((500 * 1024))
 RDMASWAP_MEMINFO=$meminfo start_memserver 64M 1M --reserve 100M
-port=$MEMSERVER_PORT pid=$MEMSERVER_PID
+port=$MEMSERVER_PORT pid=$MEMSERVER_PID res_log=$MEMSERVER_LOG
 start_memserver 64M 1M
 other=$MEMSERVER_PORT
 start_nbdkit res -- server=127.0.0.1:$port server=127.0.0.1:$other size=32M replicas=1 \
@@ -50,7 +50,11 @@ set_avail $((100 * 1024 + 1024)) # as the kernel would now show it (not enough t
 [ "$(ctl_get "$port" pending_moves)" -eq 0 ] || fail "free slabs sufficed, yet moves are pending"
 sleep 3
 [ "$(ctl_get "$port" slabs_withdrawn)" -eq 3 ] || fail "withdrawn count changed within the hysteresis"
-grep -q -- "--reserve: MemAvailable" "$MEMSERVER_LOG" || true
+# And it says so, once, with the figures (the log of the memserver with --reserve).
+said="--reserve: MemAvailable $(((100 * 1024 - 2560) * 1024)) below $((100 << 20)): 3 free slabs"
+said+=" withdrawn, 0 granted slabs wanted back (3 withdrawn in all)"
+[ "$(grep -cF -- "$said" "$res_log")" -eq 1 ] ||
+	{ grep -- --reserve "$res_log" >&2; fail "the memserver did not log once: $said"; }
 
 # Nothing available: every slab goes; the used ones move to the other memserver first.
 rss_before=$(proc_kb "$pid" VmRSS)

@@ -58,9 +58,10 @@ log "re-replication restored 2 copies of all 48 slabs in $((SECONDS - start)) s"
 settled() { [ "$(vol_get repaired)" -ge 1 ] && [ "$(vol_get degraded)" = 0 ] &&
 	    [ "$(vol_get lost)" = 0 ] && [ "$(vol_get slabs_live)" = 48 ]; }
 wait_until 10 "rdmaswapctl status volume= to show re-created replicas, 48 live slabs, none degraded or lost" settled
+[[ $(vol_get transport) == tcp ]] || fail "status does not say transport=tcp"
 "$RDMASWAPCTL" status volume="$tmpdir/status" | grep -q "127.0.0.1:${ports[$victim]} state=failed" ||
-	{ [[ $(vol_get transport) == tcp ]] || fail "status does not say transport=tcp"
-"$RDMASWAPCTL" status volume="$tmpdir/status" >&2; fail "status does not show the victim as failed"; }
+	{ "$RDMASWAPCTL" status volume="$tmpdir/status" >&2
+	  fail "status does not show the victim as failed"; }
 "$RDMASWAPCTL" status volume="$tmpdir/status" >&2
 grep "repair:" "$NBDKIT_LOG" | tail -1 >&2 || true
 

@@ -10,21 +10,27 @@
 
 using namespace rdmaswap;
 
-TEST_CASE("placement: 1000 donors x 1000 volumes stay within 1.1 of the mean load", "[placement]")
+TEST_CASE("placement: 500 donors x 250 volumes stay within 1.1 of the mean load", "[placement]")
 {
-	constexpr unsigned kDonors = 1000, kVolumes = 1000, kSlabsPerVolume = 64, kReplicas = 2;
+	constexpr unsigned kDonors = 500, kVolumes = 250, kSlabsPerVolume = 64, kReplicas = 2;
 	std::vector<DonorLoad> donors(kDonors, DonorLoad{0, 1024, true});
 	std::minstd_rand rng(12345);
+	// 16,000 slabs (a mean of 64 per donor, where one random choice is already 1.3 over the
+	// mean): each placement scans the donors, so the scale sets the time, about 1 s under
+	// ThreadSanitizer (1000 x 1000 took 6 s). Failures are counted and checked once.
+	unsigned short_placed = 0, same_donor = 0;
 	for (unsigned v = 0; v < kVolumes; v++) {
 		for (unsigned s = 0; s < kSlabsPerVolume; s++) {
 			uint16_t out[kReplicas];
 			const unsigned n = place_slab(donors, kReplicas, {}, rng, out);
-			REQUIRE(n == kReplicas);
-			REQUIRE(out[0] != out[1]);
+			short_placed += n != kReplicas;
+			same_donor += n == kReplicas && out[0] == out[1];
 			for (unsigned r = 0; r < n; r++)
 				donors[out[r]].used++;
 		}
 	}
+	REQUIRE(short_placed == 0);
+	REQUIRE(same_donor == 0);
 	uint64_t sum = 0;
 	uint32_t max = 0;
 	for (auto &d : donors) {
@@ -40,6 +46,7 @@ TEST_CASE("placement: 1000 donors x 1000 volumes stay within 1.1 of the mean loa
 	std::uniform_int_distribution<uint32_t> pick(0, kDonors - 1);
 	for (uint64_t i = 0; i < sum; i++)
 		single[pick(rng)]++;
+	INFO("one random choice: max " << *std::max_element(single.begin(), single.end()));
 	CHECK(*std::max_element(single.begin(), single.end()) / mean > 1.2);
 }
 
