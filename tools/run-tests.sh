@@ -43,7 +43,7 @@ tsan_setup=(-Db_sanitize=thread)
 # A TSan report makes a process exit with status 66 when it ends (the unit tests; the
 # integration tests also collect every process's reports, functions.sh). Both stacks of a race
 # and of a lock-order inversion in full.
-tsan_options="exitcode=66:second_deadlock_stack=1:history_size=4"
+tsan_options="exitcode=66:second_deadlock_stack=1:history_size=4:suppressions=$src/tests/tsan.supp"
 
 # setup_build NAME DIR NINJA_TARGET [MESON SETUP OPTIONS...]: set up (or reconfigure) DIR with
 # --werror and build NINJA_TARGET in it ("" for everything); then mark it built
