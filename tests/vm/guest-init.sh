@@ -1393,8 +1393,8 @@ reconnect_run() {   # reconnect_run tcp|rdma
 # SOAK_CG_MAX; it checks every page it reads and times every access), nbdprobe (4 KiB O_DIRECT
 # read of /dev/nbd0 every 100 ms), and the injector, which cycles through these faults, one at
 # a time, each on the donor that holds the most slabs then (the plugin's status file):
-#   delay      netem delay 50-500 ms on both ends of the donor's link, for 5-10 s
-#   loss       netem loss 5-30 % on both ends, for 5-10 s
+#   delay      netem delay 50-500 ms on both ends of the donor's link, for 4-8 s
+#   loss       netem loss 5-30 % on both ends, for 4-8 s
 #   partition  a drop rule in the nftables netdev ingress chains of vdI and vbI (both
 #              directions), for 5-30 s
 #   stop       SIGSTOP of the donor's memserver, SIGCONT 3-10 s later
@@ -1553,8 +1553,8 @@ soak_schedule() {
         for (n = 0; n < 10000; n++) {
             k = kinds[n % 5 + 1]
             d = n % nsrv + 1
-            if (k == "delay") { p = 50 + int(rand() * 451); h = 5 + int(rand() * 6) }
-            else if (k == "loss") { p = 5 + int(rand() * 26); h = 5 + int(rand() * 6) }
+            if (k == "delay") { p = 50 + int(rand() * 451); h = 4 + int(rand() * 5) }
+            else if (k == "loss") { p = 5 + int(rand() * 26); h = 4 + int(rand() * 5) }
             else if (k == "partition") { p = 5 + int(rand() * 26); h = p }
             else if (k == "stop") { p = 3 + int(rand() * 8); h = p }
             else { p = 0; h = 10 }
@@ -1709,7 +1709,13 @@ soak_run() {   # soak_run tcp|rdma
     nbdprobe --device /dev/nbd0 --seconds "$SOAK_SECONDS" --seed "$SOAK_SEED" > /run/nbdprobe.out 2>&1 &
     _ppid=$!
     soak_schedule "$SOAK_SEED" > /run/soak-schedule
-    sleep 5   # the workload gets going first
+    # The injector (this shell and what it starts) runs at real-time priority 2, above nbdkit's
+    # and the memservers' threads (SCHED_RR 1): otherwise, with the CPUs busy, its tc and nft
+    # commands waited for the 5 % that RT throttling leaves and a 6 s delay lasted 20 s.
+    if command -v chrt > /dev/null 2>&1; then
+        chrt -r -p 2 $$ > /dev/null || fail "[$CUR] chrt -r -p 2 (the injector)"
+    fi
+    sleep 2   # the workload gets going first
     # (names of their own: alive() and wait_until() set _p, _c, _st, _n)
     while read -r _sn _sk _sd _sp _sh _sg <&3; do
         # every fault ends (and the next would start) at least 5 s before the workload does
@@ -1751,6 +1757,7 @@ soak_run() {   # soak_run tcp|rdma
         kill -CONT "$(soak_pid "$_i")" 2>/dev/null
         _i=$((_i + 1))
     done
+    command -v chrt > /dev/null 2>&1 && chrt -o -p 0 $$ > /dev/null
     say "[$CUR] injector done at $(uptime_s) s; waiting for swapload and nbdprobe"
     wait_until "$((SOAK_SECONDS + SOAK_GRACE))" eval '! alive $_wpid && ! alive $_ppid' || true
     _hung=$(dmesg | grep -c 'blocked for more than')

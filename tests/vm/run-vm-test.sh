@@ -316,10 +316,11 @@ IP=$(need_cmd ip iproute2)
 RDMA=$(need_cmd rdma iproute2)
 NBD_CLIENT=$(need_cmd nbd-client nbd-client)
 NBDKIT=$(need_cmd nbdkit nbdkit)
-TC="" NFT=""
+TC="" NFT="" CHRT=""
 if [ "$has_soak" != 0 ]; then
     TC=$(need_cmd tc iproute2)
     NFT=$(need_cmd nft nftables)
+    CHRT=$(need_cmd chrt util-linux)
 fi
 CRYPTSETUP=""
 if [ "$has_crypt" = 1 ]; then
@@ -523,6 +524,7 @@ done
 # soak runs: netem (tc) and the partition (nft), called by path like ip (busybox has no tc)
 [ -z "$TC" ] || add_elf "$TC" /usr/sbin/tc
 [ -z "$NFT" ] || add_elf "$NFT" /usr/sbin/nft
+[ -z "$CHRT" ] || add_elf "$CHRT" /usr/bin/chrt   # the injector runs real-time
 
 # the project's binaries
 [ -x "$B_SWAPLOAD" ] && add_elf "$B_SWAPLOAD" /usr/local/bin/swapload
