@@ -47,6 +47,15 @@ usage: run-vm-test.sh [--mode rdma|tcp|memory|kill|pressure|twohost] [--bench] [
                     reconnect-T: swap on /dev/nbd0 attached by rdmaswap-nbd connect
                     (netlink, dead-connection timeout), nbdkit killed -9 mid-swapload and
                     restarted, rdmaswap-nbd reconnect: every page must verify, no I/O error
+                    soak-T: the fault soak (issue 11): 3 memservers over T, each on its own
+                    veth link, replicas=2; swapload and a 4 KiB O_DIRECT probe of /dev/nbd0
+                    every 100 ms while netem delay, netem loss, an nftables partition,
+                    SIGSTOP/SIGCONT and kill -9 + restart hit one donor after another; every
+                    page verified, no I/O error, no hung task (report: RDMASWAP-VM-SOAK lines)
+  --soak-seconds N  soak runs: how long the workload, probe and faults last (default 120)
+  --soak-seed N     soak runs: seed of the fault schedule (default: random, printed)
+  --soak-timeout N  soak runs: the plugin's timeout= in seconds (default 3)
+  --soak-mib N      soak runs: swapload's working set in MiB (default 64; cgroup 32M, device 64M)
   --no-reconnect    reconnect runs: leave rdmaswap-nbd reconnect out (the run must FAIL)
   --reattach-lease N  reattach/persist runs: the plugin's lease= (default 60; 0 must FAIL)
   --reattach-volume NAME  reattach/persist runs: volume= of the restarted nbdkit (default the
@@ -100,6 +109,10 @@ REA_LEASE=60
 REA_VOLUME2=""
 REC_SKIP=0
 ALLOC_REQUESTS=100000
+SOAK_SECONDS=120
+SOAK_SEED=""
+SOAK_PLUGIN_TIMEOUT=3
+SOAK_MIB=64
 MIB=""
 CG_MAX=""
 PRESSURE_EXTRA=256
@@ -144,6 +157,10 @@ while [ $# -gt 0 ]; do
         --reattach-volume) REA_VOLUME2=${2:?}; shift ;;
         --no-reconnect) REC_SKIP=1 ;;
         --alloc-requests) ALLOC_REQUESTS=${2:?}; shift ;;
+        --soak-seconds) SOAK_SECONDS=${2:?}; shift ;;
+        --soak-seed) SOAK_SEED=${2:?}; shift ;;
+        --soak-timeout) SOAK_PLUGIN_TIMEOUT=${2:?}; shift ;;
+        --soak-mib) SOAK_MIB=${2:?}; shift ;;
         --mib) MIB=${2:?}; shift ;;
         --cg-max) CG_MAX=${2:?}; shift ;;
         --pressure-extra) PRESSURE_EXTRA=${2:?}; shift ;;
@@ -202,7 +219,7 @@ if [ -n "$EXTRA_RUNS" ]; then
     esac
 fi
 RUNS=$(xargs <<< "$RUNS")   # trim
-has_pressure=0 has_cgroup=0 has_crypt=0 has_alloc=0 has_reconnect=0 run_transports=""
+has_pressure=0 has_cgroup=0 has_crypt=0 has_alloc=0 has_reconnect=0 has_soak=0 run_transports=""
 for r in $RUNS; do
     t=$r
     case "$t" in
@@ -211,10 +228,11 @@ for r in $RUNS; do
         reattach-rdma|reattach-tcp) run_transports+=" ${t#reattach-}"; continue ;;
         persist-rdma|persist-tcp) has_cgroup=1; run_transports+=" ${t#persist-}"; continue ;;
         reconnect-rdma|reconnect-tcp) has_cgroup=1; has_reconnect=1; run_transports+=" ${t#reconnect-}"; continue ;;
+        soak-rdma|soak-tcp) has_soak=$((has_soak + 1)); run_transports+=" ${t#soak-}"; continue ;;
     esac
     case "$t" in pressure-*) has_pressure=1; t=${t#pressure-} ;; *) has_cgroup=1 ;; esac
     case "$t" in crypt-*) has_crypt=1; t=${t#crypt-} ;; esac
-    case "$t" in rdma|tcp|memory) run_transports+=" $t" ;; *) die "unknown swap run '$r' (want [pressure-][crypt-]rdma|tcp|memory, repkill-, alloc-, reattach-, persist- or reconnect-rdma|tcp)" ;; esac
+    case "$t" in rdma|tcp|memory) run_transports+=" $t" ;; *) die "unknown swap run '$r' (want [pressure-][crypt-]rdma|tcp|memory, repkill-, alloc-, reattach-, persist-, reconnect- or soak-rdma|tcp)" ;; esac
 done
 [ "$MODE" != twohost ] || has_cgroup=1
 case "$MODE" in kill|twohost) ;; *) [ -n "$RUNS" ] || die "no swap runs given" ;; esac
@@ -231,15 +249,20 @@ if [ -z "$TIMEOUT" ]; then
     TIMEOUT=600
     if [ "$BENCH" = 1 ] || [ "$MODE" = runs ] || [ "$MODE" = pressure ]; then
         n=$(wc -w <<< "$RUNS")
-        TIMEOUT=$((200 + 450 * n))
+        # a soak run takes its length plus about 3 minutes (start, prefill, end, teardown)
+        TIMEOUT=$((200 + 450 * (n - has_soak) + (SOAK_SECONDS + 300) * has_soak))
     fi
 fi
 is_uint "$SYSRQ_BEFORE" || die "--sysrq-before needs an integer"
 is_uint "$REA_LEASE" || die "--reattach-lease needs an integer"
 [ -z "$REA_VOLUME2" ] || [[ "$REA_VOLUME2" =~ ^[!-~]{1,64}$ ]] || die "--reattach-volume: 1 to 64 printable characters, no space"
-for v in MIB PASSES CONNS TIMEOUT MEM SMP PRESSURE_EXTRA REPLICAS ALLOC_REQUESTS; do
+for v in MIB PASSES CONNS TIMEOUT MEM SMP PRESSURE_EXTRA REPLICAS ALLOC_REQUESTS SOAK_SECONDS \
+        SOAK_PLUGIN_TIMEOUT SOAK_MIB; do
     is_uint "${!v}" && [ "${!v}" -gt 0 ] || die "--${v,,} needs a positive integer"
 done
+[ "$SOAK_MIB" -ge 48 ] || die "--soak-mib must be at least 48 (the soak's cgroup has memory.max=32M)"
+[ -n "$SOAK_SEED" ] || SOAK_SEED=$((RANDOM * 32768 + RANDOM))
+is_uint "$SOAK_SEED" || die "--soak-seed needs an integer"
 [[ "$CG_MAX" =~ ^[0-9]+M$ ]] || die "--cg-max needs a size in MiB like 64M"
 [[ "$CAPACITY" =~ ^[0-9]+[MG]$ ]] || die "--capacity needs a size like 384M or 1G"
 [ -z "$PORT" ] || { is_uint "$PORT" && [ "$PORT" -gt 1023 ] && [ "$PORT" -lt 65536 ]; } \
@@ -293,6 +316,12 @@ IP=$(need_cmd ip iproute2)
 RDMA=$(need_cmd rdma iproute2)
 NBD_CLIENT=$(need_cmd nbd-client nbd-client)
 NBDKIT=$(need_cmd nbdkit nbdkit)
+TC="" NFT="" CHRT=""
+if [ "$has_soak" != 0 ]; then
+    TC=$(need_cmd tc iproute2)
+    NFT=$(need_cmd nft nftables)
+    CHRT=$(need_cmd chrt util-linux)
+fi
 CRYPTSETUP=""
 if [ "$has_crypt" = 1 ]; then
     CRYPTSETUP=$(need_cmd cryptsetup cryptsetup-bin)
@@ -307,6 +336,7 @@ RDMASWAP_BUILD=$(cd "$RDMASWAP_BUILD" && pwd)
 B_SWAPLOAD=$RDMASWAP_BUILD/tests/vm/swapload
 B_MEMSCAN=$RDMASWAP_BUILD/tests/vm/memscan
 B_NBDDRIVE=$RDMASWAP_BUILD/tests/vm/nbddrive
+B_NBDPROBE=$RDMASWAP_BUILD/tests/vm/nbdprobe
 B_ALLOC_COUNTER=$RDMASWAP_BUILD/tests/alloc/librdmaswap-alloc-counter.so
 B_MEMSERVER=$RDMASWAP_BUILD/memserver/rdmaswap-memserver
 B_PLUGIN=$RDMASWAP_BUILD/nbdkit-plugin/nbdkit-rdmaswap-plugin.so
@@ -339,6 +369,7 @@ esac
 missing=()
 [ "$need_swapload" = 0 ] || [ -x "$B_SWAPLOAD" ] || missing+=("$B_SWAPLOAD")
 [ "$need_memscan" = 0 ] || [ -x "$B_MEMSCAN" ] || missing+=("$B_MEMSCAN")
+[ "$has_soak" = 0 ] || [ -x "$B_NBDPROBE" ] || missing+=("$B_NBDPROBE")
 if [ "$has_alloc" = 1 ]; then
     [ -x "$B_NBDDRIVE" ] || missing+=("$B_NBDDRIVE")
     [ -f "$B_ALLOC_COUNTER" ] || missing+=("$B_ALLOC_COUNTER")
@@ -490,10 +521,15 @@ done
 
 # dm-crypt for crypt runs (cryptsetup-bin); libdevmapper makes the /dev/mapper nodes itself
 [ -z "$CRYPTSETUP" ] || add_elf "$CRYPTSETUP" /usr/sbin/cryptsetup
+# soak runs: netem (tc) and the partition (nft), called by path like ip (busybox has no tc)
+[ -z "$TC" ] || add_elf "$TC" /usr/sbin/tc
+[ -z "$NFT" ] || add_elf "$NFT" /usr/sbin/nft
+[ -z "$CHRT" ] || add_elf "$CHRT" /usr/bin/chrt   # the injector runs real-time
 
 # the project's binaries
 [ -x "$B_SWAPLOAD" ] && add_elf "$B_SWAPLOAD" /usr/local/bin/swapload
 [ -x "$B_MEMSCAN" ] && add_elf "$B_MEMSCAN" /usr/local/bin/memscan
+[ "$has_soak" = 0 ] || add_elf "$B_NBDPROBE" /usr/local/bin/nbdprobe
 if [ "$has_alloc" = 1 ]; then
     add_elf "$B_NBDDRIVE" /usr/local/bin/nbddrive
     add_elf "$B_ALLOC_COUNTER" /usr/local/lib/librdmaswap-alloc-counter.so
@@ -528,6 +564,7 @@ declare -A MODSEEN=()
 mods="crc32_generic nbd veth ib_uverbs rdma_ucm rdma_rxe"
 [ "$MODE" != twohost ] || mods+=" virtio_pci virtio_net"
 [ "$has_crypt" = 0 ] || mods+=" dm-crypt xts"
+[ "$has_soak" = 0 ] || mods+=" bridge sch_netem nf_tables"
 optmods=""
 [ "$has_crypt" = 0 ] || optmods="aesni_intel"
 for m in $mods $optmods; do
@@ -579,6 +616,10 @@ MIN_PSWPOUT=$MIN_PSWPOUT
 CONNS=$CONNS
 KILL_TRANSPORT=$KILL_TRANSPORT
 NBDKIT_STATS=$STATS
+SOAK_SECONDS=$SOAK_SECONDS
+SOAK_SEED=$SOAK_SEED
+SOAK_PLUGIN_TIMEOUT=$SOAK_PLUGIN_TIMEOUT
+SOAK_MIB=$SOAK_MIB
 EOF
 printf 'root:x:0:0:root:/root:/bin/sh\n' > "$ROOT/etc/passwd"
 printf 'root:x:0:\n' > "$ROOT/etc/group"
@@ -592,6 +633,7 @@ INITRD=$WORK/initramfs.cpio
 (cd "$ROOT" && find . -print0 | LC_ALL=C sort -z | "$CPIO" --null -o -H newc -R 0:0 --quiet) > "$INITRD"
 note "kernel $KERNEL, initramfs $(du -m "$INITRD" | cut -f1) MiB, $(wc -l < "$MODLIST") modules," \
     "mode $MODE${RUNS:+ ($RUNS)}, mib $MIB, ${MEM} MiB RAM, timeout ${TIMEOUT}s"
+[ "$has_soak" = 0 ] || note "soak: $SOAK_SECONDS s, seed $SOAK_SEED (--soak-seed $SOAK_SEED replays the faults)"
 
 # ----- boot ------------------------------------------------------------------------------------------
 # free_port: a TCP port nobody on this machine uses now
@@ -742,6 +784,7 @@ for n in "${VM_NAMES[@]}"; do
             sed -n '/^vm: guest up/,$p' "$WORK/console-$n.txt"
         fi
         grep -a '^RDMASWAP-VM-BENCH:' "$WORK/console-$n.txt" | sed 's/^RDMASWAP-VM-BENCH: //' || true
+        grep -a '^RDMASWAP-VM-SOAK:' "$WORK/console-$n.txt" | sed 's/^RDMASWAP-VM-SOAK: /soak: /' || true
     else
         failed+=("$label$VERDICT")
         if [ "$VERBOSE" != 1 ]; then
@@ -749,6 +792,7 @@ for n in "${VM_NAMES[@]}"; do
             tail -n 120 "$WORK/console-$n.txt"
             echo "----- end of console -----"
         fi
+        grep -a '^RDMASWAP-VM-SOAK:' "$WORK/console-$n.txt" | sed 's/^RDMASWAP-VM-SOAK: /soak: /' || true
     fi
 done
 if [ ${#failed[@]} = 0 ]; then

@@ -1,7 +1,7 @@
 // SPDX-License-Identifier: MIT
 // swapload: the VM swap workload.
 //
-//   swapload --mib N [--seed S] [--passes P] [--rewrite] [--thp]
+//   swapload --mib N [--seed S] [--passes P | --seconds S] [--rewrite] [--thp]
 //
 // Maps N MiB of anonymous memory, writes every 4 KiB page with pseudo-random content derived from
 // (seed, page index, generation), then reads every page back P times and compares it with content
@@ -19,16 +19,30 @@
 // --rewrite: after verifying a page in pass p (p >= 1) write it again with generation p, so every
 //            pass dirties the whole working set and it has to be swapped out again (more pswpout),
 //            and a stale copy of the previous generation is detected in the next pass.
+// --seconds S: run verify passes (alternating direction, as above) until S seconds after the
+//            start instead of --passes of them; the run ends at the first page after the deadline,
+//            usually in the middle of a pass (the fault soak: a workload that lasts as long as
+//            the faults are injected).
 // --thp:     allow transparent huge pages (default: MADV_NOHUGEPAGE, plain 4 KiB pages).
 // --inject zero|other|flip: self-test of the checker: damage page 1 after writing (zero it, copy
 //            page 0 over it, flip one bit) so that the verify pass must report a MISMATCH.
 //
 // Output: progress lines "swapload: ..." and finally exactly one of
-//   swapload: OK pages=N passes=P
+//   swapload: OK pages=N passes=P checks=C
 //   swapload: MISMATCH page=I ...
-// Exit status: 0 OK, 1 mismatch, 2 usage or system error.
+// Every verify access is timed (it includes the page fault that swaps the page in): each one of
+// 1 s or more is printed as "swapload: stall MS ms page=I pass=P at=UPTIME" (the first 100), and
+// before the OK line
+//   swapload: longest page stall MS ms page=I pass=P at=UPTIME; stalls >=100ms: N, >=1s: M
+// (UPTIME: CLOCK_BOOTTIME seconds, as in /proc/uptime and dmesg).
+// A page that cannot be read back at all (the swap device failed the read: the kernel sends
+// SIGBUS) ends the run with
+//   swapload: SIGBUS page=I pass=P at=UPTIME (the page could not be read back: swap I/O error)
+// and the longest-stall line, exit status 3.
+// Exit status: 0 OK, 1 mismatch, 2 usage or system error, 3 SIGBUS.
 // No dependencies beyond the C++ standard library and POSIX.
 
+#include <signal.h>
 #include <sys/mman.h>
 #include <time.h>
 #include <unistd.h>
@@ -99,13 +113,74 @@ double now_s() {
     return static_cast<double>(ts.tv_sec) + static_cast<double>(ts.tv_nsec) / 1e9;
 }
 
+// Seconds since boot (what /proc/uptime and the kernel log's timestamps count).
+double boot_s() {
+    timespec ts{};
+    clock_gettime(CLOCK_BOOTTIME, &ts);
+    return static_cast<double>(ts.tv_sec) + static_cast<double>(ts.tv_nsec) / 1e9;
+}
+
+// The longest verify access (page fault included) and how many were slow.
+struct Stalls {
+    double max_s = 0;
+    std::uint64_t max_page = 0;
+    unsigned max_pass = 0;
+    double max_at = 0;
+    std::uint64_t over_100ms = 0;
+    std::uint64_t over_1s = 0;
+
+    void add(double start, double secs, std::uint64_t index, unsigned pass) {
+        if (secs >= 0.1) ++over_100ms;
+        if (secs >= 1.0) {
+            if (++over_1s <= 100) {
+                std::printf("swapload: stall %.0f ms page=%" PRIu64 " pass=%u at=%.2f\n",
+                            secs * 1e3, index, pass, start);
+                std::fflush(stdout);
+            }
+        }
+        if (secs > max_s) {
+            max_s = secs;
+            max_page = index;
+            max_pass = pass;
+            max_at = start;
+        }
+    }
+};
+
+void print_stalls(const Stalls& st) {
+    std::printf("swapload: longest page stall %.1f ms page=%" PRIu64 " pass=%u at=%.2f;"
+                " stalls >=100ms: %" PRIu64 ", >=1s: %" PRIu64 "\n",
+                st.max_s * 1e3, st.max_page, st.max_pass, st.max_at, st.over_100ms, st.over_1s);
+}
+
+// For the SIGBUS handler: where the run is.
+Stalls g_stalls;
+const char* g_base = nullptr;
+volatile unsigned g_pass = 0;
+
+// The kernel could not read a swapped-out page back: report it and the stalls so far, exit 3.
+// (stdio in a signal handler: acceptable here, the process ends right after and the main flow
+// is stopped at a page access, not inside stdio.)
+void on_sigbus(int, siginfo_t* si, void*) {
+    const auto addr = reinterpret_cast<const char*>(si->si_addr);
+    const long long page = g_base && addr >= g_base ? (addr - g_base) / static_cast<long long>(kPage) : -1;
+    std::printf("swapload: SIGBUS page=%lld pass=%u at=%.2f (the page could not be read back:"
+                " swap I/O error)\n",
+                page, g_pass, boot_s());
+    print_stalls(g_stalls);
+    std::fflush(stdout);
+    _exit(3);
+}
+
 [[noreturn]] void usage(const char* msg) {
     if (msg) std::fprintf(stderr, "swapload: %s\n", msg);
     std::fprintf(stderr,
-                 "usage: swapload --mib N [--seed S] [--passes P] [--rewrite] [--thp]\n"
+                 "usage: swapload --mib N [--seed S] [--passes P | --seconds S] [--rewrite] "
+                 "[--thp]\n"
                  "                [--inject zero|other|flip]\n"
                  "  writes N MiB of per-page pseudo-random content, verifies it P times "
-                 "(default 2)\n");
+                 "(default 2)\n"
+                 "  or until S seconds after the start\n");
     std::exit(2);
 }
 
@@ -160,6 +235,7 @@ int main(int argc, char** argv) {
     std::uint64_t mib = 0;
     std::uint64_t seed = 1;
     std::uint64_t passes = 2;
+    std::uint64_t seconds = 0;
     bool rewrite = false;
     bool thp = false;
     std::string_view inject;
@@ -175,6 +251,9 @@ int main(int argc, char** argv) {
             seed = parse_u64(a, value());
         } else if (a == "--passes") {
             passes = parse_u64(a, value());
+        } else if (a == "--seconds") {
+            seconds = parse_u64(a, value());
+            if (seconds < 1 || seconds > 7 * 86400) usage("--seconds must be 1..604800");
         } else if (a == "--rewrite") {
             rewrite = true;
         } else if (a == "--thp") {
@@ -204,11 +283,22 @@ int main(int argc, char** argv) {
     }
     if (!thp) (void)madvise(mem, bytes, MADV_NOHUGEPAGE);
     auto* base = static_cast<std::uint64_t*>(mem);
+    g_base = static_cast<const char*>(mem);
+    struct sigaction sa {};
+    sa.sa_sigaction = on_sigbus;
+    sa.sa_flags = SA_SIGINFO;
+    sigaction(SIGBUS, &sa, nullptr);
     auto page = [&](std::uint64_t i) { return base + i * kWords; };
 
-    std::printf("swapload: mib=%" PRIu64 " pages=%" PRIu64 " seed=%" PRIu64 " passes=%" PRIu64
-                "%s\n",
-                mib, pages, seed, passes, rewrite ? " rewrite" : "");
+    if (seconds) {
+        std::printf("swapload: mib=%" PRIu64 " pages=%" PRIu64 " seed=%" PRIu64
+                    " seconds=%" PRIu64 "%s\n",
+                    mib, pages, seed, seconds, rewrite ? " rewrite" : "");
+    } else {
+        std::printf("swapload: mib=%" PRIu64 " pages=%" PRIu64 " seed=%" PRIu64
+                    " passes=%" PRIu64 "%s\n",
+                    mib, pages, seed, passes, rewrite ? " rewrite" : "");
+    }
     std::fflush(stdout);
 
     double t0 = now_s();
@@ -224,26 +314,49 @@ int main(int argc, char** argv) {
         page(1)[kWords - 1] ^= 1;
     }
 
+    const double deadline = t0 + static_cast<double>(seconds);
+    const std::uint64_t max_passes = seconds ? 1000000 : passes;
+    Stalls& stalls = g_stalls;
     std::uint64_t gen = 0;
-    for (unsigned pass = 1; pass <= passes; ++pass) {
+    std::uint64_t checks = 0;
+    unsigned done = 0;  // passes started (the last may be cut short by --seconds)
+    bool out_of_time = false;
+    for (unsigned pass = 1; pass <= max_passes && !out_of_time; ++pass) {
         double ts = now_s();
+        done = pass;
+        g_pass = pass;
         // Alternate direction so that each pass walks the working set differently.
-        for (std::uint64_t k = 0; k < pages; ++k) {
+        std::uint64_t k = 0;
+        for (; k < pages; ++k) {
+            if (seconds && (k & 63) == 0 && now_s() >= deadline) {
+                out_of_time = true;
+                break;
+            }
             std::uint64_t i = (pass % 2 == 1) ? k : pages - 1 - k;
             std::uint64_t expected = 0;
+            const double a = boot_s();
             std::size_t w = check_page(page(i), seed, i, gen, &expected);
+            stalls.add(a, boot_s() - a, i, pass);
             if (w != kWords) {
                 report_mismatch(page(i), i, gen, w, expected, pages, pass);
                 return 1;
             }
+            ++checks;
             if (rewrite) fill_page(page(i), seed, i, gen + 1);
+        }
+        if (out_of_time) {
+            std::printf("swapload: verify pass %u stopped at the deadline after %" PRIu64
+                        " pages, %.2f s\n", pass, k, now_s() - ts);
+            break;
         }
         if (rewrite) ++gen;
         std::printf("swapload: verify pass %u %.2f s\n", pass, now_s() - ts);
         std::fflush(stdout);
     }
     std::printf("swapload: total %.2f s\n", now_s() - t0);
-    std::printf("swapload: OK pages=%" PRIu64 " passes=%" PRIu64 "\n", pages, passes);
+    print_stalls(stalls);
+    std::printf("swapload: OK pages=%" PRIu64 " passes=%u checks=%" PRIu64 "\n", pages, done,
+                checks);
     std::fflush(stdout);
     munmap(mem, bytes);
     return 0;
