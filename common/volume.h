@@ -154,7 +154,7 @@ private:
 	// rep[]/nrep/lost change only with `maint` and `mu` exclusive both held.
 	struct Slab {
 		mutable SlabLock mu;
-		std::timed_mutex maint;
+		TimedMutex maint;
 		std::atomic<unsigned> yield{0};     // threads waiting for `maint`
 		uint8_t nrep = 0;             // 0: never written (reads zeros)
 		bool lost = false;            // nrep 0 after a reattach that could not find it: EIO
@@ -170,7 +170,7 @@ private:
 		std::atomic<uint32_t> used{0};      // slabs this volume holds there
 	};
 	struct Channel {
-		std::timed_mutex mu;
+		TimedMutex mu;
 		std::byte *buf = nullptr;
 		std::vector<std::unique_ptr<DataPath>> paths; // one per server
 	};
