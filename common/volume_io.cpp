@@ -219,9 +219,9 @@ int Volume::write_range(const std::byte *src, uint64_t count, uint64_t offset, b
 	if (count == 0)
 		return 0;
 	uint64_t done = 0;
-	// A slab trimmed between its allocation and the write is allocated again, a few times at
-	// most (a trim loop racing us), then the write fails.
-	unsigned retries = 0;
+	// A slab trimmed between its allocation and the write is allocated again, until the
+	// deadline (a trim loop racing us), then the write fails.
+	const auto until = deadline();
 	while (done < count) {
 		const uint64_t at = offset + done;
 		uint32_t len = chunk_len(at, count - done);
@@ -245,7 +245,7 @@ int Volume::write_range(const std::byte *src, uint64_t count, uint64_t offset, b
 		if (r == EAGAIN && !allocate) {
 			r = 0; // zero(): an empty slab reads zeros already
 		} else if (r == EAGAIN) {
-			if (++retries < 4)
+			if (Clock::now() < until)
 				continue;
 			break;
 		}
