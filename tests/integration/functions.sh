@@ -275,6 +275,25 @@ proc_kb() {
 }
 
 # ctl_giveback PORT SIZE: `rdmaswapctl giveback` to the memserver on 127.0.0.1:PORT.
+# fio_verify_beside PID OUT WHAT: fio write+verify (crc32c) through $NBDKIT_URI, over 24 MiB,
+# run after run while process PID (an attacker) lives, at most 60 runs; every run must pass.
+# On a failure, prints OUT (the attacker's output) and fails naming WHAT. Sets FIO_RUNS.
+fio_verify_beside() {
+    local pid=$1 out=$2 what=$3
+    local args=(--ioengine=nbd --uri="$NBDKIT_URI" --rw=randwrite --bssplit=4k/50:128k/50
+                --iodepth=8 --numjobs=3 --size=8M --offset_increment=8M --do_verify=1
+                --verify=crc32c --verify_fatal=1 --verify_state_save=0 --output-format=json)
+    FIO_RUNS=0
+    while kill -0 "$pid" 2>/dev/null; do
+        ((FIO_RUNS < 60)) || fail "the attacker did not finish within 60 fio runs"
+        timeout 50 fio --name=run$FIO_RUNS --randseed=$FIO_RUNS "${args[@]}" >"$tmpdir/fio.json" ||
+            { cat "$tmpdir/fio.json" "$out" >&2; fail "fio run $FIO_RUNS failed $what"; }
+        "$PYTHON" "$(dirname "${BASH_SOURCE[0]}")/fio-check.py" "$tmpdir/fio.json" $((24 * 1024 * 1024 * 9 / 10)) ||
+            fail "fio: see above"
+        FIO_RUNS=$((FIO_RUNS + 1))
+    done
+}
+
 ctl_giveback() {
     timeout 10 "$RDMASWAPCTL" giveback "server=127.0.0.1:$1" "size=$2" "${CTL_AUTH:-auth-key=$AUTH_KEY}"
 }

@@ -22,17 +22,8 @@ attacker=$!
 cleanup_pid $attacker
 
 # fio write+verify, again and again, until the attacks are over (each run must pass).
-fio_args=(--ioengine=nbd --uri="$NBDKIT_URI" --rw=randwrite --bssplit=4k/50:128k/50
-          --iodepth=8 --numjobs=3 --size=8M --offset_increment=8M --do_verify=1
-          --verify=crc32c --verify_fatal=1 --verify_state_save=0 --output-format=json)
-runs=0
-while kill -0 $attacker 2>/dev/null; do
-    ((runs < 60)) || fail "the attacker did not finish within 60 fio runs"
-    timeout 50 fio --name=run$runs --randseed=$runs "${fio_args[@]}" >"$tmpdir/fio.json" ||
-        { cat "$tmpdir/fio.json" >&2; cat "$tmpdir/hostile.out" >&2; fail "fio run $runs failed under attack"; }
-    "$PYTHON" "$here/fio-check.py" "$tmpdir/fio.json" $((24 * 1024 * 1024 * 9 / 10)) || fail "fio: see above"
-    runs=$((runs + 1))
-done
+fio_verify_beside $attacker "$tmpdir/hostile.out" "under attack"
+runs=$FIO_RUNS
 rc=0
 wait $attacker || rc=$?
 cat "$tmpdir/hostile.out" >&2
