@@ -56,6 +56,24 @@ private:
 	std::vector<std::thread> threads_;
 };
 
+// Three fake donors of 8 slabs of `slab` bytes whose every round trip takes 0.5 ms.
+std::vector<std::shared_ptr<FakeBackend>> slow_donors(uint64_t slab)
+{
+	std::vector<std::shared_ptr<FakeBackend>> bs{backend("a", 8, slab), backend("b", 8, slab),
+						     backend("c", 8, slab)};
+	for (auto &b : bs)
+		b->complete_delay_us = 500;
+	return bs;
+}
+
+// The donor holding the most slabs.
+const std::shared_ptr<FakeBackend> &fullest(const std::vector<std::shared_ptr<FakeBackend>> &bs)
+{
+	return *std::max_element(bs.begin(), bs.end(), [](auto &x, auto &y) {
+		return x->live_slabs() < y->live_slabs();
+	});
+}
+
 // Fills the stack below the caller with 0x2e, so that a variable the next call leaves
 // uninitialised reads as 46 (deterministically, for the sanitizers to see).
 __attribute__((noinline)) void smear_stack()
@@ -146,10 +164,7 @@ TEST_CASE("volume: writes that land while a slab is copied reach the copy",
 	const unsigned replicas = GENERATE(1u, 2u);
 	INFO("replicas=" << replicas);
 	const uint64_t slab = 1 * MiB;
-	std::vector<std::shared_ptr<FakeBackend>> bs{backend("a", 8, slab), backend("b", 8, slab),
-						     backend("c", 8, slab)};
-	for (auto &b : bs)
-		b->complete_delay_us = 500;
+	const auto bs = slow_donors(slab);
 	auto o = opts(2 * slab, 4);
 	o.replicas = replicas;
 	o.repair_interval = std::chrono::milliseconds(5);
@@ -157,9 +172,7 @@ TEST_CASE("volume: writes that land while a slab is copied reach the copy",
 	Bytes shadow(2 * slab);
 	REQUIRE(write_shadow(*v, shadow, pattern(2 * slab, 3), 0) == 0);
 	REQUIRE(eventually([&] { return v->stats().degraded == 0; }));
-	auto &from = *std::max_element(bs.begin(), bs.end(), [](auto &x, auto &y) {
-		return x->live_slabs() < y->live_slabs();
-	});
+	const auto &from = fullest(bs);
 	const size_t on_from = from->live_slabs();
 	std::mutex shadow_mu;
 	std::atomic<uint64_t> seq{0};
@@ -197,10 +210,7 @@ TEST_CASE("volume: repair copies while writes go on, and the new copy holds them
 {
 	quiet();
 	const uint64_t slab = 1 * MiB;
-	std::vector<std::shared_ptr<FakeBackend>> bs{backend("a", 8, slab), backend("b", 8, slab),
-						     backend("c", 8, slab)};
-	for (auto &b : bs)
-		b->complete_delay_us = 500;
+	const auto bs = slow_donors(slab);
 	auto o = opts(2 * slab, 4);
 	o.replicas = 2;
 	o.repair_interval = std::chrono::milliseconds(5);
@@ -218,9 +228,7 @@ TEST_CASE("volume: repair copies while writes go on, and the new copy holds them
 		return write_shadow(*v, shadow, d, off);
 	});
 	// The donor with the most replicas dies: its slabs are re-created from the others.
-	auto &dead = *std::max_element(bs.begin(), bs.end(), [](auto &x, auto &y) {
-		return x->live_slabs() < y->live_slabs();
-	});
+	const auto &dead = fullest(bs);
 	dead->lose_session();
 	const bool repaired = eventually(
 		[&] { return v->stats().degraded == 0 && v->stats().repaired > 0; },
