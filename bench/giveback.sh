@@ -13,13 +13,13 @@ tmp=$(mktemp -d)
 pids=()
 trap 'for p in "${pids[@]}"; do kill $p 2>/dev/null || true; done; rm -rf "$tmp"' EXIT
 ports=()
-key=$tmp/auth.key
-(umask 077 && head -c 32 /dev/urandom | od -An -tx1 | tr -d ' \n' >"$key")
-ctl() { "$build/tools/rdmaswapctl" "$@" auth-key="$key"; }
+key=$tmp/auth.key admin=$tmp/admin.key
+for k in "$key" "$admin"; do (umask 077 && head -c 32 /dev/urandom | od -An -tx1 | tr -d ' \n' >"$k"); done
+ctl() { "$build/tools/rdmaswapctl" "$@" admin-key="$admin"; }
 for i in 0 1 2; do
 	port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
 	"$build/memserver/rdmaswap-memserver" --listen 127.0.0.1 --port "$port" --capacity $((mib))M \
-		--slab-size "$slab" --transport tcp --auth-key "$key" 2>"$tmp/ms$i.log" &
+		--slab-size "$slab" --transport tcp --auth-key "$key" --admin-key "$admin" 2>"$tmp/ms$i.log" &
 	pids+=($!) ports+=("$port")
 done
 for p in "${ports[@]}"; do

@@ -64,6 +64,7 @@ const char *op_name(Op op)
 	case Op::GiveBack: return "GIVEBACK";
 	case Op::Wanted: return "WANTED";
 	case Op::GiveBackStatus: return "GIVEBACK_STATUS";
+	case Op::Lend: return "LEND";
 	case Op::Bind: return "BIND";
 	case Op::AllocTagged: return "ALLOC_TAGGED";
 	case Op::SetTag: return "SET_TAG";
@@ -87,6 +88,7 @@ long request_body_size(Op op)
 	case Op::GiveBack: return kGiveBackRequestSize;
 	case Op::Wanted: return 0;
 	case Op::GiveBackStatus: return 0;
+	case Op::Lend: return kGiveBackRequestSize;
 	case Op::Bind: return kBindRequestSize;
 	case Op::AllocTagged: return kAllocTaggedRequestSize;
 	case Op::SetTag: return kSetTagRequestSize;
@@ -110,6 +112,7 @@ long reply_body_size(Op op)
 	case Op::GiveBack: return kGiveBackReplySize;
 	case Op::Wanted: return 4; // as LIST
 	case Op::GiveBackStatus: return kGiveBackReplySize;
+	case Op::Lend: return kGiveBackReplySize;
 	case Op::Bind: return kBindReplySize;
 	case Op::AllocTagged: return kAllocReplySize;
 	case Op::SetTag: return 0;
@@ -732,8 +735,9 @@ Status decode(std::span<const std::byte> in, GiveBackReply &m)
 	r.reserved = i.get<uint32_t>();
 	if (r.reserved != 0)
 		return Status::fail("GIVEBACK reply reserved field not zero");
+	// (The "now" counts may exceed the totals in a LEND reply, which lowers them.)
 	if (uint64_t(r.slabs_withdrawn) + r.slabs_wanted > r.slabs_total ||
-	    r.withdrawn_now > r.slabs_withdrawn || r.wanted_now > r.slabs_wanted)
+	    r.withdrawn_now > r.slabs_total || r.wanted_now > r.slabs_total)
 		return Status::fail("GIVEBACK reply counts exceed the slab count");
 	m = r;
 	return {};

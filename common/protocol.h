@@ -34,7 +34,8 @@ enum class Op : uint8_t {
 	// Donor memory give-back (ops 12-15; 8-11 belong to reattach).
 	GiveBack = 12,       // admin: withdraw `bytes` of capacity (GiveBackRequest/Reply)
 	Wanted = 13,         // this session's slabs wanted back (reply as LIST)
-	GiveBackStatus = 14, // admin: withdrawn and pending counts (reply GiveBackReply)
+	GiveBackStatus = 14, // withdrawn and pending counts (reply GiveBackReply)
+	Lend = 15,           // admin: re-offer `bytes` of withdrawn capacity (GiveBackRequest/Reply)
 	// Authentication (common/auth.h), before anything else on a connection. Numbered apart
 	// from the session ops.
 	Auth = 16,
@@ -142,7 +143,8 @@ struct SetTagRequest {                // 24 bytes
 };
 // VOLUME_LIST: what=0: this session's tagged slabs with id >= start (RDMA sessions: each is
 // registered in the session's PD, addr/rkey valid for its QPs); what=1: this session's floors
-// with chunk >= start; what=2 (needs no session): the server's sessions from index `start`.
+// with chunk >= start; what=2 (needs no session): the server's sessions from index `start` (on
+// an admin connection every session; on any other, those created from the caller's address).
 // Reply: u32 count, then count entries (VolumeEntry or SessionEntry), at most kMaxIo bytes;
 // a reply with fewer than the maximum entries is the last page.
 enum class ListWhat : uint32_t { Slabs = 0, Floors = 1, Sessions = 2 };
@@ -191,7 +193,11 @@ long decode_entries(std::span<const std::byte> in, std::span<SessionEntry> out);
 struct GiveBackRequest {              // 8 bytes
 	uint64_t bytes = 0;
 };
-struct GiveBackReply {                // 24 bytes (also the GIVEBACK_STATUS reply)
+// LEND: the reverse, for an admin: cancel pending moves, then put withdrawn slabs back in the
+// pool, up to `bytes` (rounded up to whole slabs) in all. Its reply is a GiveBackReply whose
+// `withdrawn_now` counts the slabs re-offered now and `wanted_now` the pending moves
+// cancelled.
+struct GiveBackReply {                // 24 bytes (also the GIVEBACK_STATUS and LEND reply)
 	uint32_t withdrawn_now = 0;   // free slabs withdrawn by this request (status: 0)
 	uint32_t wanted_now = 0;      // granted slabs this request asked their owners to move
 	uint32_t slabs_withdrawn = 0; // total withdrawn (capacity given back)

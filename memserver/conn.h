@@ -38,6 +38,7 @@ struct Memserver::Conn {
 	std::atomic<uint64_t> read_ops{0}, read_bytes{0}, write_ops{0}, write_bytes{0};
 	// Only its own thread touches these.
 	bool authed = false;
+	bool admin = false;                  // authenticated with an admin key (or --insecure)
 	std::vector<std::byte> scratch;      // to drain refused WRITE payloads
 };
 
@@ -69,6 +70,7 @@ struct Memserver::Handlers {
 		Fn fn = nullptr;
 		bool before_auth = false;   // allowed before the peer authenticated
 		bool needs_session = false; // refused with EACCES before HELLO
+		bool admin = false;         // refused with EPERM unless the peer is an admin
 	};
 	// The entry of `op` (every op decode_header accepts has one).
 	static const Entry &of(proto::Op op);
@@ -103,7 +105,7 @@ struct Memserver::Handlers {
 	static Next bind(Memserver &m, Request &r);
 	static Next set_tag(Memserver &m, Request &r);
 	static Next volume_list(Memserver &m, Request &r);
-	static Next give_back(Memserver &m, Request &r);
+	static Next give_back(Memserver &m, Request &r); // GIVEBACK and LEND
 	static Next give_back_status(Memserver &m, Request &r);
 	static Next wanted(Memserver &m, Request &r);
 	static Next stats(Memserver &m, Request &r);

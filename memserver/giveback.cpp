@@ -11,6 +11,15 @@
 
 namespace rdmaswap {
 
+namespace {
+// `bytes` in whole slabs (rounded up), at most the pool's.
+uint32_t slabs_for(const SlabPool &pool, uint64_t bytes)
+{
+	const uint64_t n = bytes / pool.slab_size() + (bytes % pool.slab_size() != 0);
+	return uint32_t(std::min<uint64_t>(n, pool.slabs_total()));
+}
+} // namespace
+
 proto::GiveBackReply Memserver::give_back_status() const
 {
 	proto::GiveBackReply r;
@@ -22,8 +31,7 @@ proto::GiveBackReply Memserver::give_back_status() const
 
 proto::GiveBackReply Memserver::give_back(uint64_t bytes)
 {
-	const uint64_t slabs = bytes / pool_.slab_size() + (bytes % pool_.slab_size() != 0);
-	const auto w = pool_.withdraw(uint32_t(std::min<uint64_t>(slabs, pool_.slabs_total())));
+	const auto w = pool_.withdraw(slabs_for(pool_, bytes));
 	proto::GiveBackReply r = give_back_status();
 	r.withdrawn_now = w.now;
 	r.wanted_now = w.wanted;
@@ -31,6 +39,21 @@ proto::GiveBackReply Memserver::give_back(uint64_t bytes)
 				  "slabs wanted back from their clients; {} of {} slabs withdrawn, "
 				  "{} moves pending",
 				  bytes, w.now, w.wanted, r.slabs_withdrawn, r.slabs_total,
+				  r.slabs_wanted);
+	return r;
+}
+
+proto::GiveBackReply Memserver::lend(uint64_t bytes)
+{
+	const uint32_t slabs = slabs_for(pool_, bytes);
+	const uint32_t cancelled = pool_.cancel_wanted(slabs);
+	const uint32_t restored = pool_.restore(slabs - cancelled);
+	proto::GiveBackReply r = give_back_status();
+	r.withdrawn_now = restored;
+	r.wanted_now = cancelled;
+	logger("memserver")->info("lend of {} bytes: {} pending moves cancelled, {} withdrawn slabs "
+				  "offered again; {} of {} slabs withdrawn, {} moves pending",
+				  bytes, cancelled, restored, r.slabs_withdrawn, r.slabs_total,
 				  r.slabs_wanted);
 	return r;
 }
@@ -79,6 +102,8 @@ void Memserver::reserve_loop()
 		const auto now = std::chrono::steady_clock::now();
 		if (now < next_action)
 			continue;
+		// An admin's LEND may have put back what this loop withdrew.
+		mine = std::min(mine, pool_.slabs_withdrawn() + pool_.slabs_wanted());
 		// Slabs already wanted back will be freed: count them as given.
 		const uint64_t pending = uint64_t(pool_.slabs_wanted()) * slab;
 		if (*avail + pending < reserve) {

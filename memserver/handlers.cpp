@@ -13,15 +13,25 @@
 
 namespace rdmaswap {
 
+namespace {
+// The address part of a peer name ("10.0.0.5" of "10.0.0.5:41234", "[::1]" of "[::1]:80").
+std::string_view peer_host(std::string_view peer)
+{
+	const size_t colon = peer.rfind(':');
+	return colon == std::string_view::npos ? peer : peer.substr(0, colon);
+}
+} // namespace
+
 const Memserver::Handlers::Entry &Memserver::Handlers::of(proto::Op op)
 {
 	using proto::Op;
 	// Indexed by op number. Entries: handler, allowed before authentication, needs a
-	// session.
+	// session, needs the admin key.
 	static const std::array<Entry, 18> table = [] {
 		std::array<Entry, 18> t{};
-		auto set = [&](Op o, Fn fn, bool before_auth, bool needs_session) {
-			t[size_t(o)] = Entry{fn, before_auth, needs_session};
+		auto set = [&](Op o, Fn fn, bool before_auth, bool needs_session,
+			       bool admin = false) {
+			t[size_t(o)] = Entry{fn, before_auth, needs_session, admin};
 		};
 		set(Op::Auth, &auth, true, false);
 		set(Op::AuthProof, &auth_proof, true, false);
@@ -35,8 +45,9 @@ const Memserver::Handlers::Entry &Memserver::Handlers::of(proto::Op op)
 		set(Op::Bind, &bind, false, true);
 		set(Op::SetTag, &set_tag, false, true);
 		set(Op::VolumeList, &volume_list, false, false); // listing sessions needs none
-		set(Op::GiveBack, &give_back, false, false);
+		set(Op::GiveBack, &give_back, false, false, true);
 		set(Op::GiveBackStatus, &give_back_status, false, false);
+		set(Op::Lend, &give_back, false, false, true);
 		set(Op::Wanted, &wanted, false, true);
 		set(Op::Stats, &stats, false, false);
 		return t;
@@ -84,7 +95,10 @@ Memserver::Next Memserver::Handlers::auth_proof(Memserver &m, Request &r)
 		return Next::Close;
 	}
 	r.c.authed = true;
-	logger("memserver")->debug("{}: authenticated", r.c.peer);
+	const uint64_t id = r.c.auth.key_id();
+	r.c.admin = std::any_of(m.opts_.admin_keys.begin(), m.opts_.admin_keys.end(),
+				[id](const auto &k) { return k->id() == id; });
+	logger("memserver")->debug("{}: authenticated{}", r.c.peer, r.c.admin ? " (admin)" : "");
 	return reply(m, r, 0);
 }
 
@@ -278,9 +292,17 @@ Memserver::Next Memserver::Handlers::volume_list(Memserver &m, Request &r)
 	// Control path: allocates.
 	std::vector<std::byte> out;
 	if (req.what == proto::ListWhat::Sessions) { // needs no session
-		const auto now = SessionTable::Clock::now();
+		// An admin sees every session; anyone else those created from its own address
+		// (the compute host's own volumes), never other clients' volume names or peers.
+		const auto all = m.sessions_.report(SessionTable::Clock::now());
+		const std::string_view host = peer_host(r.c.peer);
 		std::vector<proto::SessionEntry> v;
-		for (const auto &s : m.sessions_.report(now)) {
+		uint64_t index = 0; // in the list this caller may see
+		for (const auto &s : all) {
+			if (!r.c.admin && peer_host(s.peer) != host)
+				continue;
+			if (index++ < req.start)
+				continue;
 			if (v.size() >= proto::kMaxSessionEntries)
 				break;
 			proto::SessionEntry e;
@@ -298,10 +320,8 @@ Memserver::Next Memserver::Handlers::volume_list(Memserver &m, Request &r)
 				    std::min(s.peer.size(), e.peer.size() - 1));
 			v.push_back(e);
 		}
-		const size_t skip = std::min<uint64_t>(req.start, v.size());
-		const std::span<const proto::SessionEntry> page(v.data() + skip, v.size() - skip);
-		out.resize(4 + page.size() * proto::kSessionEntrySize);
-		proto::encode_entries(page, out);
+		out.resize(4 + v.size() * proto::kSessionEntrySize);
+		proto::encode_entries(v, out);
 		return reply(m, r, 0, out);
 	}
 	const uint64_t session = r.session();
@@ -334,12 +354,14 @@ Memserver::Next Memserver::Handlers::volume_list(Memserver &m, Request &r)
 
 Memserver::Next Memserver::Handlers::give_back(Memserver &m, Request &r)
 {
+	const bool lend = r.h.op == proto::Op::Lend; // the reverse of GIVEBACK
 	proto::GiveBackRequest req;
 	if (!decode(r, req))
 		return Next::Malformed;
-	logger("memserver")->info("{}: asked to give back {} bytes", r.c.peer, req.bytes);
+	logger("memserver")->info("{}: asked to {} {} bytes", r.c.peer,
+				  lend ? "lend again" : "give back", req.bytes);
 	std::array<std::byte, proto::kGiveBackReplySize> out;
-	proto::encode(m.give_back(req.bytes), out);
+	proto::encode(lend ? m.lend(req.bytes) : m.give_back(req.bytes), out);
 	return reply(m, r, 0, out);
 }
 

@@ -32,7 +32,7 @@ int main(int argc, char **argv)
 	std::string capacity = "1G", slab_size = "256M", transport = "auto", level = "info";
 	std::string reserve;
 	bool realtime = false;
-	std::vector<std::string> key_files;
+	std::vector<std::string> key_files, admin_files;
 	unsigned handshake_ms = 5000;
 	unsigned message_s = 10;
 	app.add_option("--listen", opts.listen, "address to listen on (default 0.0.0.0)");
@@ -45,6 +45,10 @@ int main(int argc, char **argv)
 	app.add_option("--auth-key", key_files,
 		       "file with the cluster's shared key (mode 600); give it twice to accept "
 		       "an old and a new key during a rotation");
+	app.add_option("--admin-key", admin_files,
+		       "file with the admin key (mode 600, not the cluster key): needed for "
+		       "GIVEBACK, LEND and listing other clients' sessions; give it twice "
+		       "during a rotation");
 	app.add_flag("--insecure", opts.insecure,
 		     "run WITHOUT authentication (trusted networks only)");
 	app.add_option("--handshake-timeout", handshake_ms,
@@ -116,6 +120,8 @@ int main(int argc, char **argv)
 	try { // the Memserver checks that there is a key or --insecure, not both
 		for (const auto &f : key_files)
 			opts.auth_keys.push_back(load_auth_key(f));
+		for (const auto &f : admin_files)
+			opts.admin_keys.push_back(load_auth_key(f));
 	} catch (const std::exception &e) {
 		log->error("{}", e.what());
 		return 2;

@@ -73,6 +73,20 @@ Memserver::Memserver(const MemserverOptions &opts)
 	if (opts_.auth_keys.size() > 2)
 		throw std::runtime_error("at most two --auth-key files (the old and the new key "
 					 "during a rotation)");
+	if (!opts_.admin_keys.empty() && opts_.insecure)
+		throw std::runtime_error("--admin-key needs authentication, which --insecure turns "
+					 "off (with --insecure every peer may use the admin ops)");
+	if (opts_.admin_keys.size() > 2)
+		throw std::runtime_error("at most two --admin-key files (the old and the new key "
+					 "during a rotation)");
+	for (const auto &a : opts_.admin_keys)
+		for (const auto &k : opts_.auth_keys)
+			if (a->id() == k->id())
+				throw std::runtime_error("--admin-key is the same key as --auth-key: "
+							 "every cluster-key holder would be an admin; "
+							 "make a separate key (openssl rand -hex 32)");
+	keys_ = opts_.auth_keys;
+	keys_.insert(keys_.end(), opts_.admin_keys.begin(), opts_.admin_keys.end());
 	if (opts_.insecure)
 		log->warn("--insecure: authentication is OFF; anyone who can reach port {} can take "
 			  "slabs and read or write them",
@@ -123,7 +137,8 @@ Memserver::Memserver(const MemserverOptions &opts)
 		  opts_.listen, port_, rdma_ ? "tcp+rdma" : "tcp", pool_.capacity(),
 		  pool_.slabs_total(), pool_.slab_size(), opts_.lock_memory ? "locked" : "not locked",
 		  opts_.insecure ? "NO authentication"
-				 : std::to_string(opts_.auth_keys.size()) + " auth key(s)");
+				 : fmt::format("{} auth key(s), {} admin key(s)",
+					       opts_.auth_keys.size(), opts_.admin_keys.size()));
 }
 
 Memserver::~Memserver()
@@ -266,7 +281,7 @@ void Memserver::accept_loop()
 		setsockopt(fd.get(), IPPROTO_TCP, TCP_KEEPCNT, &cnt, sizeof cnt);
 		setsockopt(fd.get(), IPPROTO_TCP, TCP_USER_TIMEOUT, &user_timeout_ms,
 			   sizeof user_timeout_ms);
-		auto c = std::make_shared<Conn>(opts_.auth_keys);
+		auto c = std::make_shared<Conn>(keys_);
 		c->fd = std::move(fd);
 		c->peer = peer_name(ss);
 		Conn &ref = *c;
@@ -356,6 +371,7 @@ void Memserver::serve(Conn &c)
 	const int fd = c.fd.get();
 	c.scratch.resize(kScratch);
 	c.authed = opts_.insecure;
+	c.admin = opts_.insecure;
 	const auto handshake_end = c.accepted + opts_.handshake_timeout;
 	log->debug("connection from {}", c.peer);
 
@@ -438,7 +454,12 @@ void Memserver::serve(Conn &c)
 			break;
 		}
 		Next next;
-		if (op.needs_session && r.session() == 0) {
+		if (op.admin && !c.admin) {
+			warn_peer(PeerEvent::Auth,
+				  fmt::format("{}: {} refused: it needs the admin key (--admin-key)",
+					      c.peer, proto::op_name(h.op)));
+			next = Handlers::reply(*this, r, EPERM); // fixed body: the stream is in step
+		} else if (op.needs_session && r.session() == 0) {
 			// Before HELLO: refused, with the stream kept in step.
 			next = Handlers::skip_payload(*this, r);
 			if (next == Next::Continue)

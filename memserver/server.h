@@ -42,6 +42,11 @@ struct MemserverOptions {
 	bool lock_memory = true;
 	// One key, or two during a key rotation. Empty only with `insecure` (no authentication).
 	std::vector<std::shared_ptr<const AuthKey>> auth_keys;
+	// --admin-key: a connection that authenticates with one of these (instead of a cluster
+	// key) may also use the admin ops (GIVEBACK, LEND, every session in VOLUME_LIST). One
+	// key, or two during a rotation; none: no admin ops over the network. With `insecure`
+	// there is no authentication and every peer may use them.
+	std::vector<std::shared_ptr<const AuthKey>> admin_keys;
 	bool insecure = false;
 	// From accept to a finished HELLO (AUTH + AUTH_PROOF + HELLO); slower peers are dropped.
 	std::chrono::milliseconds handshake_timeout{5000};
@@ -83,6 +88,9 @@ public:
 	// are wanted back from their owners (GIVEBACK; also used by --reserve).
 	proto::GiveBackReply give_back(uint64_t bytes);
 	proto::GiveBackReply give_back_status() const;
+	// Re-offer up to `bytes` (rounded up to slabs) of withdrawn capacity: pending moves are
+	// cancelled first, then withdrawn slabs are put back in the pool (LEND).
+	proto::GiveBackReply lend(uint64_t bytes);
 
 	// Session transitions (memserver/lifecycle.cpp). Each one is made under the lifecycle
 	// mutex, so that none interleaves with another: a session is joined, detached, ended or
@@ -137,6 +145,8 @@ private:
 	void reserve_loop();
 
 	const MemserverOptions opts_;
+	// The cluster keys, then the admin keys: what a connection's AUTH may name.
+	std::vector<std::shared_ptr<const AuthKey>> keys_;
 	SlabPool pool_;
 	SessionTable sessions_;
 	// Held across each multi-step session transition (join, leave, bind + takeover, lease

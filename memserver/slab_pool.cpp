@@ -202,6 +202,22 @@ SlabPool::Withdrawal SlabPool::withdraw(uint32_t n)
 	return w;
 }
 
+uint32_t SlabPool::cancel_wanted(uint32_t n)
+{
+	std::lock_guard resize(resize_mu_);
+	std::lock_guard lock(mu_);
+	uint32_t done = 0;
+	// A slab being released already holds kTransit (release() swapped the flag under mu_):
+	// only a plain kWanted is still the owner's.
+	for (uint32_t i = 0; i < nslabs_ && done < n; i++)
+		if (flags_[i] == kWanted) {
+			flags_[i] = 0;
+			wanted_--;
+			done++;
+		}
+	return done;
+}
+
 uint32_t SlabPool::restore(uint32_t n)
 {
 	std::lock_guard resize(resize_mu_);

@@ -66,6 +66,9 @@ public:
 		uint32_t wanted = 0; // granted slabs newly marked wanted back
 	};
 	Withdrawal withdraw(uint32_t n);
+	// Un-mark up to `n` granted slabs that are wanted back (their owners keep them; a move
+	// already under way just frees the slab). Returns how many.
+	uint32_t cancel_wanted(uint32_t n);
 	// Put back up to `n` withdrawn slabs (populated and locked again), free for grants.
 	// Returns how many. Slow (faults in the pages): never on the data path.
 	uint32_t restore(uint32_t n);

@@ -19,21 +19,24 @@ namespace {
 int usage()
 {
 	std::fprintf(stderr, "usage: rdmaswapctl status [server=HOST[:PORT] ...] [volume=STATUSFILE]\n"
-			     "       [timeout=SECONDS] [auth-key=FILE | insecure=true]\n"
-			     "       rdmaswapctl giveback server=HOST[:PORT] size=SIZE\n"
-			     "       [timeout=SECONDS] [auth-key=FILE | insecure=true]\n"
-			     "  server=  a memserver's capacity, free slabs, sessions, bytes served\n"
-			     "           (needs the cluster key: auth-key=, or insecure=true)\n"
+			     "       [timeout=SECONDS] [auth-key=FILE | admin-key=FILE | insecure=true]\n"
+			     "       rdmaswapctl giveback|lend server=HOST[:PORT] size=SIZE\n"
+			     "       [timeout=SECONDS] [admin-key=FILE | insecure=true]\n"
+			     "  server=  a memserver's capacity, free slabs, bytes served and the\n"
+			     "           sessions of this host (auth-key=: the cluster key), or of\n"
+			     "           every client (admin-key=: the memserver's --admin-key)\n"
 			     "  volume=  a plugin's statusfile=: its slabs, replicas, degraded/lost\n"
 			     "           slabs, re-replication progress and donors\n"
 			     "  giveback  withdraw SIZE of a memserver's capacity: free slabs at\n"
-			     "           once, used ones after their clients moved them\n");
+			     "           once, used ones after their clients moved them (admin)\n"
+			     "  lend     offer up to SIZE of withdrawn capacity again (admin)\n");
 	return 2;
 }
 
-// GIVEBACK: ask one memserver to withdraw `size` bytes of its capacity.
-int give_back(const rdmaswap::Endpoint &ep, uint64_t size, std::chrono::milliseconds timeout,
-	      const std::shared_ptr<const rdmaswap::AuthKey> &auth)
+// GIVEBACK or LEND of `size` bytes of one memserver's capacity.
+int change_capacity(const rdmaswap::Endpoint &ep, bool lend, uint64_t size,
+		    std::chrono::milliseconds timeout,
+		    const std::shared_ptr<const rdmaswap::AuthKey> &auth)
 {
 	using namespace rdmaswap;
 	std::printf("server=%s\n", ep.str().c_str());
@@ -41,19 +44,28 @@ int give_back(const rdmaswap::Endpoint &ep, uint64_t size, std::chrono::millisec
 	int err;
 	try {
 		ControlClient c(resolve(ep), timeout, auth);
-		err = c.give_back(size, r);
+		err = lend ? c.lend(size, r) : c.give_back(size, r);
 	} catch (const std::exception &e) {
 		std::printf("error=%s\n", e.what());
+		return 1;
+	}
+	if (err == EPERM) {
+		std::printf("error=refused: %s needs the memserver's admin key (admin-key=FILE; "
+			    "the memserver's --admin-key)\n",
+			    lend ? "lend" : "giveback");
 		return 1;
 	}
 	if (err) {
 		std::printf("error=%s\n", connect_error_text(err).c_str());
 		return 1;
 	}
-	std::printf("withdrawn_now=%u\npending_moves_now=%u\nslabs_withdrawn=%u\n"
-		    "pending_moves=%u\nslabs_total=%u\n",
-		    r.withdrawn_now, r.wanted_now, r.slabs_withdrawn, r.slabs_wanted,
-		    r.slabs_total);
+	if (lend)
+		std::printf("lent_now=%u\nmoves_cancelled=%u\n", r.withdrawn_now, r.wanted_now);
+	else
+		std::printf("withdrawn_now=%u\npending_moves_now=%u\n", r.withdrawn_now,
+			    r.wanted_now);
+	std::printf("slabs_withdrawn=%u\npending_moves=%u\nslabs_total=%u\n", r.slabs_withdrawn,
+		    r.slabs_wanted, r.slabs_total);
 	return 0;
 }
 
@@ -98,15 +110,16 @@ void print_sessions(const std::vector<rdmaswap::proto::SessionEntry> &v)
 int main(int argc, char **argv)
 {
 	using namespace rdmaswap;
-	if (argc < 2 ||
-	    (std::strcmp(argv[1], "status") != 0 && std::strcmp(argv[1], "giveback") != 0))
+	if (argc < 2 || (std::strcmp(argv[1], "status") != 0 && std::strcmp(argv[1], "giveback") != 0 &&
+			 std::strcmp(argv[1], "lend") != 0))
 		return usage();
-	const bool giveback = std::strcmp(argv[1], "giveback") == 0;
+	const std::string cmd = argv[1];
+	const bool giveback = cmd != "status"; // giveback or lend: one server, a size, admin
 	uint64_t giveback_size = 0;
 	std::vector<Endpoint> servers;
 	std::vector<std::string> volumes;
 	std::chrono::milliseconds timeout{5000};
-	std::shared_ptr<const AuthKey> auth;
+	std::shared_ptr<const AuthKey> auth, admin;
 	bool insecure = false;
 	for (int i = 2; i < argc; i++) {
 		const std::string arg = argv[i];
@@ -130,11 +143,11 @@ int main(int argc, char **argv)
 			giveback_size = *sz;
 		} else if (key == "volume" && !giveback) {
 			volumes.push_back(value);
-		} else if (key == "auth-key") {
+		} else if (key == "auth-key" || key == "admin-key") {
 			try {
-				auth = load_auth_key(value);
+				(key == "auth-key" ? auth : admin) = load_auth_key(value);
 			} catch (const std::exception &e) {
-				std::fprintf(stderr, "rdmaswapctl: %s\n", e.what());
+				std::fprintf(stderr, "rdmaswapctl: %s=: %s\n", key.c_str(), e.what());
 				return 2;
 			}
 		} else if (key == "insecure") {
@@ -158,16 +171,31 @@ int main(int argc, char **argv)
 	if (servers.empty() && volumes.empty())
 		return usage();
 	if (giveback && (servers.size() != 1 || giveback_size == 0)) {
-		std::fprintf(stderr, "rdmaswapctl: giveback needs one server= and size=\n");
+		std::fprintf(stderr, "rdmaswapctl: %s needs one server= and size=\n", cmd.c_str());
 		return 2;
 	}
-	if (!servers.empty() && !auth && !insecure) {
-		std::fprintf(stderr, "rdmaswapctl: server= needs auth-key=FILE (the cluster key), or "
-				     "insecure=true for a memserver run with --insecure\n");
+	if ((admin || auth) && insecure) {
+		std::fprintf(stderr, "rdmaswapctl: insecure=true and a key exclude each other\n");
 		return 2;
 	}
+	if (giveback && !admin && !insecure) {
+		std::fprintf(stderr, "rdmaswapctl: %s needs admin-key=FILE (the key the memserver "
+				     "was given with --admin-key), or insecure=true for a memserver run "
+				     "with --insecure\n",
+			     cmd.c_str());
+		return 2;
+	}
+	if (!servers.empty() && !auth && !admin && !insecure) {
+		std::fprintf(stderr, "rdmaswapctl: server= needs auth-key=FILE (the cluster key) or "
+				     "admin-key=FILE, or insecure=true for a memserver run with "
+				     "--insecure\n");
+		return 2;
+	}
+	// The admin key, when given, is the one this tool authenticates with.
+	if (admin)
+		auth = admin;
 	if (giveback)
-		return give_back(servers[0], giveback_size, timeout, auth);
+		return change_capacity(servers[0], cmd == "lend", giveback_size, timeout, auth);
 	int rc = 0;
 	for (const auto &path : volumes) {
 		std::printf("volume=%s\n", path.c_str());
@@ -230,6 +258,7 @@ int main(int argc, char **argv)
 			    s.connections, (unsigned long long)s.tcp_read_ops,
 			    (unsigned long long)s.tcp_read_bytes, (unsigned long long)s.tcp_write_ops,
 			    (unsigned long long)s.tcp_write_bytes, s.rdma_qps, s.rdma_sessions);
+		std::printf("sessions_listed=%s\n", admin || insecure ? "all" : "this-host");
 		print_sessions(sessions);
 		std::printf("\n");
 	}

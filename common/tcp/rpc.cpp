@@ -309,12 +309,22 @@ int ControlClient::sessions(uint64_t start, std::vector<proto::SessionEntry> &ou
 	return list_page(proto::ListWhat::Sessions, start, proto::kMaxSessionEntries, out);
 }
 
-int ControlClient::give_back(uint64_t bytes, proto::GiveBackReply &out)
+int ControlClient::capacity_call(proto::Op op, uint64_t bytes, proto::GiveBackReply &out)
 {
 	std::lock_guard lock(mu_);
 	std::array<std::byte, proto::kGiveBackRequestSize> body;
 	proto::encode(proto::GiveBackRequest{bytes}, body);
-	return call_decode<proto::kGiveBackReplySize>(proto::Op::GiveBack, body, out);
+	return call_decode<proto::kGiveBackReplySize>(op, body, out);
+}
+
+int ControlClient::give_back(uint64_t bytes, proto::GiveBackReply &out)
+{
+	return capacity_call(proto::Op::GiveBack, bytes, out);
+}
+
+int ControlClient::lend(uint64_t bytes, proto::GiveBackReply &out)
+{
+	return capacity_call(proto::Op::Lend, bytes, out);
 }
 
 int ControlClient::give_back_status(proto::GiveBackReply &out)

@@ -77,6 +77,9 @@ public:
 	// report how much is withdrawn and pending. 0 or errno.
 	int give_back(uint64_t bytes, proto::GiveBackReply &reply);
 	int give_back_status(proto::GiveBackReply &reply);
+	// LEND (admin): re-offer up to `bytes` of withdrawn capacity. 0 or errno (EPERM: this
+	// connection did not authenticate with the memserver's admin key).
+	int lend(uint64_t bytes, proto::GiveBackReply &reply);
 
 	// True after a call failed in a way that leaves its outcome unknown (the request may
 	// have been executed by the server: timeout, connection lost). Cleared by the caller.
@@ -95,6 +98,8 @@ public:
 private:
 	int call(proto::Op op, std::span<const std::byte> body, std::span<std::byte> reply,
 		 size_t *reply_len = nullptr);
+	// GIVEBACK or LEND of `bytes`. 0 or errno.
+	int capacity_call(proto::Op op, uint64_t bytes, proto::GiveBackReply &out);
 	// One VOLUME_LIST page of `what` from `start` into `out` (at most `max` entries). 0 or errno.
 	template <typename Entry>
 	int list_page(proto::ListWhat what, uint64_t start, size_t max, std::vector<Entry> &out);

@@ -260,7 +260,8 @@ void decode_as(const Header &h, Bytes body)
 			decode_roundtrip(b, fixed, req);
 			break;
 		}
-		case Op::GiveBack: {
+		case Op::GiveBack:
+		case Op::Lend: {
 			GiveBackRequest req;
 			decode_roundtrip(b, fixed, req);
 			break;
@@ -312,7 +313,8 @@ void decode_as(const Header &h, Bytes body)
 		break;
 	}
 	case Op::GiveBack:
-	case Op::GiveBackStatus: {
+	case Op::GiveBackStatus:
+	case Op::Lend: {
 		GiveBackReply r;
 		decode_roundtrip(b, kGiveBackReplySize, r);
 		break;

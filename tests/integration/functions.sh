@@ -66,6 +66,10 @@ trap 'exit 130' INT TERM
 make_key() { (umask 077 && head -c 32 /dev/urandom | od -An -tx1 | tr -d ' \n' >"$1"); }
 export AUTH_KEY="$tmpdir/auth.key"
 make_key "$AUTH_KEY"
+# The memservers' admin key (--admin-key; start_memserver passes it with the cluster key):
+# ctl_giveback and ctl_lend use it.
+export ADMIN_KEY="$tmpdir/admin.key"
+make_key "$ADMIN_KEY"
 
 # A sanitizer build of the plugin cannot be loaded into Debian's (uninstrumented) nbdkit unless
 # the sanitizer's runtime is loaded first: meson sets RDMASWAP_NBDKIT_PRELOAD to
@@ -167,7 +171,9 @@ ctl_status() {
 has_auth_arg() {
     local a
     for a in "$@"; do
-        case $a in --insecure | --auth-key | --auth-key=* | insecure=* | auth-key=*) return 0 ;; esac
+        case $a in
+        --insecure | --auth-key | --auth-key=* | insecure=* | auth-key=* | admin-key=*) return 0 ;;
+        esac
     done
     return 1
 }
@@ -182,14 +188,14 @@ ctl_get() {
 }
 
 # start_memserver CAPACITY SLAB_SIZE [EXTRA_ARGS...]
-# Starts a memserver on 127.0.0.1 on a free port, TCP transport, with --auth-key $AUTH_KEY
-# unless EXTRA_ARGS say --insecure or --auth-key, and waits until rdmaswapctl status answers. Sets MEMSERVER_PID, MEMSERVER_PORT, MEMSERVER_ADDR (HOST:PORT), MEMSERVER_LOG.
+# Starts a memserver on 127.0.0.1 on a free port, TCP transport, with --auth-key $AUTH_KEY and
+# --admin-key $ADMIN_KEY unless EXTRA_ARGS say --insecure or --auth-key, and waits until rdmaswapctl status answers. Sets MEMSERVER_PID, MEMSERVER_PORT, MEMSERVER_ADDR (HOST:PORT), MEMSERVER_LOG.
 # Retries on a few ports in case another process grabbed the free port first.
 _memserver_count=0
 start_memserver() {
     local capacity=$1 slab=$2 deadline
     shift 2
-    has_auth_arg "$@" || set -- --auth-key "$AUTH_KEY" "$@"
+    has_auth_arg "$@" || set -- --auth-key "$AUTH_KEY" --admin-key "$ADMIN_KEY" "$@"
     for _ in 1 2 3; do
         _memserver_count=$((_memserver_count + 1))
         MEMSERVER_PORT=$(free_port)
@@ -294,8 +300,13 @@ fio_verify_beside() {
     done
 }
 
+# ctl_lend PORT SIZE: `rdmaswapctl lend`, the same way. Both authenticate with CTL_ADMIN (default
+# admin-key=$ADMIN_KEY).
 ctl_giveback() {
-    timeout 10 "$RDMASWAPCTL" giveback "server=127.0.0.1:$1" "size=$2" "${CTL_AUTH:-auth-key=$AUTH_KEY}"
+    timeout 10 "$RDMASWAPCTL" giveback "server=127.0.0.1:$1" "size=$2" "${CTL_ADMIN:-admin-key=$ADMIN_KEY}"
+}
+ctl_lend() {
+    timeout 10 "$RDMASWAPCTL" lend "server=127.0.0.1:$1" "size=$2" "${CTL_ADMIN:-admin-key=$ADMIN_KEY}"
 }
 
 # expect_rss_drop PID BEFORE_KB MIB: fail unless the VmRSS of PID is at least 90% of MIB MiB

@@ -24,12 +24,12 @@ timeout 120 fio --name=write --do_verify=1 "${fio_args[@]}" >"$tmpdir/fio1.json"
 [ "$(ctl_get "$port" slabs_used)" -eq 32 ] || fail "expected 32 slabs used"
 
 # Bad usage and a wrong key change nothing.
-rc=0; timeout 10 "$RDMASWAPCTL" giveback server="$MEMSERVER_ADDR" auth-key="$AUTH_KEY" >/dev/null 2>&1 || rc=$?
+rc=0; timeout 10 "$RDMASWAPCTL" giveback server="$MEMSERVER_ADDR" admin-key="$ADMIN_KEY" >/dev/null 2>&1 || rc=$?
 [ "$rc" -eq 2 ] || fail "giveback without size= exited $rc, expected 2"
-rc=0; timeout 10 "$RDMASWAPCTL" giveback server="$MEMSERVER_ADDR" size=0 auth-key="$AUTH_KEY" >/dev/null 2>&1 || rc=$?
+rc=0; timeout 10 "$RDMASWAPCTL" giveback server="$MEMSERVER_ADDR" size=0 admin-key="$ADMIN_KEY" >/dev/null 2>&1 || rc=$?
 [ "$rc" -eq 2 ] || fail "giveback size=0 exited $rc, expected 2"
 make_key "$tmpdir/other.key"
-rc=0; out=$(timeout 10 "$RDMASWAPCTL" giveback server="$MEMSERVER_ADDR" size=56M auth-key="$tmpdir/other.key") || rc=$?
+rc=0; out=$(timeout 10 "$RDMASWAPCTL" giveback server="$MEMSERVER_ADDR" size=56M admin-key="$tmpdir/other.key") || rc=$?
 [ "$rc" -eq 1 ] || fail "giveback with a wrong key exited $rc, expected 1: $out"
 [ "$(ctl_get "$port" slabs_withdrawn)" -eq 0 ] || fail "a giveback with a wrong key withdrew slabs"
 

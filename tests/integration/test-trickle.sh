@@ -147,7 +147,7 @@ ctl)
 	start=$(now_ms)
 	rc=0
 	timeout 60 "$RDMASWAPCTL" giveback server="127.0.0.1:$PROXY_PORT" size=1M timeout=$timeout_s \
-		auth-key="$AUTH_KEY" >"$tmpdir/ctl.out" 2>&1 || rc=$?
+		admin-key="$ADMIN_KEY" >"$tmpdir/ctl.out" 2>&1 || rc=$?
 	took=$(($(now_ms) - start))
 	log "stall: rdmaswapctl giveback exit $rc after $took ms"
 	if [[ $rc -ne 1 ]] || ((took >= bound * 1000)); then

@@ -782,6 +782,10 @@ TEST_CASE("protocol: give-back messages round-trip and reject bad fields", "[pro
 	CHECK(uint8_t(Op::GiveBack) == 12);
 	CHECK(uint8_t(Op::Wanted) == 13);
 	CHECK(uint8_t(Op::GiveBackStatus) == 14);
+	CHECK(std::string(op_name(Op::Lend)) == "LEND");
+	CHECK(uint8_t(Op::Lend) == 15);
+	CHECK(request_body_size(Op::Lend) == long(kGiveBackRequestSize));
+	CHECK(reply_body_size(Op::Lend) == long(kGiveBackReplySize));
 
 	std::array<std::byte, kGiveBackRequestSize> rq;
 	encode(GiveBackRequest{0x0102030405060708ull}, rq);
@@ -803,8 +807,11 @@ TEST_CASE("protocol: give-back messages round-trip and reject bad fields", "[pro
 	CHECK(back.slabs_withdrawn == 10);
 	CHECK(back.slabs_wanted == 4);
 	CHECK(back.slabs_total == 16);
-	for (GiveBackReply bad : {GiveBackReply{0, 0, 10, 7, 16, 0}, GiveBackReply{11, 0, 10, 0, 16, 0},
-				  GiveBackReply{0, 5, 10, 4, 16, 0}, GiveBackReply{0, 0, 0, 0, 16, 1}}) {
+	// A LEND reply: more re-offered now than is still withdrawn.
+	encode(GiveBackReply{12, 3, 2, 0, 16, 0}, rp);
+	CHECK(decode(rp, back).ok);
+	for (GiveBackReply bad : {GiveBackReply{0, 0, 10, 7, 16, 0}, GiveBackReply{17, 0, 10, 0, 16, 0},
+				  GiveBackReply{0, 17, 10, 4, 16, 0}, GiveBackReply{0, 0, 0, 0, 16, 1}}) {
 		encode(bad, rp);
 		CHECK_FALSE(decode(rp, back).ok);
 	}
