@@ -296,15 +296,15 @@ Memserver::Next Memserver::Handlers::volume_list(Memserver &m, Request &r)
 		// (the compute host's own volumes), never other clients' volume names or peers.
 		const auto all = m.sessions_.report(SessionTable::Clock::now());
 		const std::string_view host = peer_host(r.c.peer);
+		const auto page = list_page(
+			all,
+			[&](const SessionTable::Report &s) {
+				return r.c.admin || peer_host(s.peer) == host;
+			},
+			req.start, proto::kMaxSessionEntries);
 		std::vector<proto::SessionEntry> v;
-		uint64_t index = 0; // in the list this caller may see
-		for (const auto &s : all) {
-			if (!r.c.admin && peer_host(s.peer) != host)
-				continue;
-			if (index++ < req.start)
-				continue;
-			if (v.size() >= proto::kMaxSessionEntries)
-				break;
+		for (const SessionTable::Report *p : page) {
+			const SessionTable::Report &s = *p;
 			proto::SessionEntry e;
 			e.session = s.id;
 			e.slabs = uint32_t(m.pool_.owned_by(s.id).size());

@@ -106,6 +106,25 @@ private:
 	std::unordered_map<uint64_t, Entry> map_;
 };
 
+// One page of a listing: the entries of `all` that `visible` admits, after skipping the first
+// `start` of those, at most `max` (a page shorter than `max` is the last one). Skipping comes
+// before cutting, so every visible entry is on exactly one page.
+template <class T, class Visible>
+std::vector<const T *> list_page(const std::vector<T> &all, Visible visible, uint64_t start,
+				 size_t max)
+{
+	std::vector<const T *> page;
+	uint64_t index = 0;
+	for (const T &e : all) {
+		if (!visible(e) || index++ < start)
+			continue;
+		if (page.size() >= max)
+			break;
+		page.push_back(&e);
+	}
+	return page;
+}
+
 // 64 random bits from the kernel's CSPRNG, never 0.
 uint64_t random_u64();
 

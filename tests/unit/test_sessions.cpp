@@ -87,3 +87,27 @@ TEST_CASE("sessions: racing joins and leaves keep the reference count exact", "[
 	CHECK(t.leave(a.id) == Left::Detached);
 	CHECK(t.leave(a.id) == Left::Live);
 }
+
+TEST_CASE("sessions: listing pages skip before they cut, so every visible entry is on one page",
+	  "[sessions]")
+{
+	// 20 entries, the odd ones visible; pages of 3. The old listing cut the whole list at the
+	// page size first and skipped afterwards: any start >= the page size gave an empty page.
+	std::vector<int> all(20);
+	for (int i = 0; i < 20; i++)
+		all[size_t(i)] = i;
+	auto odd = [](int v) { return v % 2 == 1; };
+	std::vector<int> seen;
+	for (uint64_t start = 0;;) {
+		const auto page = list_page(all, odd, start, 3);
+		for (const int *p : page)
+			seen.push_back(*p);
+		start += page.size();
+		if (page.size() < 3)
+			break;
+	}
+	CHECK(seen == std::vector<int>{1, 3, 5, 7, 9, 11, 13, 15, 17, 19});
+	CHECK(list_page(all, odd, 9, 3).size() == 1);
+	CHECK(list_page(all, odd, 10, 3).empty());
+	CHECK(list_page(all, odd, 1000, 3).empty());
+}
