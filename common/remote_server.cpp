@@ -76,6 +76,9 @@ void RemoteServer::bind_volume()
 						 (err == EBADRQC || err == EPROTO
 							  ? std::string("the memserver does not support volumes "
 									"(too old?)")
+						  : err == ERANGE
+							  ? "the memserver's --max-lease refused lease=" +
+								    std::to_string(opts_.lease_s)
 							  : connect_error_text(err)));
 		}
 		log->debug("memserver {}: volume {} busy, retrying", name_, opts_.volume);

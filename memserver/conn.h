@@ -29,6 +29,7 @@ struct Memserver::Conn {
 	AuthServer auth;
 	std::chrono::steady_clock::time_point accepted = std::chrono::steady_clock::now();
 	std::string peer;
+	PeerAddr addr;                       // peer without its port (PeerTable)
 	uint64_t id = random_u64();         // told to the client in the HELLO reply
 	std::atomic<uint64_t> session{0};   // set once, by HELLO
 	std::mutex busy;                     // held while a request is being applied

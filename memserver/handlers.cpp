@@ -114,10 +114,19 @@ Memserver::Next Memserver::Handlers::hello(Memserver &m, Request &r)
 		return reply(m, r, EPROTONOSUPPORT);
 	SessionTable::Creds cr{req.session_id, req.token};
 	if (req.session_id == 0) {
+		// --max-peer-sessions: refused before the session exists.
+		if (!m.peers_.reserve_session(c.addr)) {
+			m.warn_peer(PeerEvent::Limit,
+				    fmt::format("{}: HELLO refused (EUSERS): {} sessions created from {} "
+						"exist already (--max-peer-sessions)",
+						c.peer, m.opts_.max_peer_sessions, c.addr.str()));
+			return reply(m, r, EUSERS);
+		}
 		cr = m.sessions_.create(req.want_rdma, c.auth.attach_key());
+		m.peers_.own_session(c.addr, cr.id);
 		m.sessions_.set_peer(cr.id, c.peer);
-		logger("memserver")->info("{}: new session {:016x}{}", c.peer, cr.id,
-					  req.want_rdma ? " (rdma)" : "");
+		m.session_info(c.addr, "{}: new session {:016x}{}", c.peer, cr.id,
+			       req.want_rdma ? " (rdma)" : "");
 	} else if (!m.join_session(req.session_id, req.token)) {
 		m.warn_peer(PeerEvent::Auth,
 			    c.peer + ": HELLO for an unknown session or with a wrong token");
@@ -244,6 +253,13 @@ Memserver::Next Memserver::Handlers::bind(Memserver &m, Request &r)
 	const std::string name(req.name.data(), strnlen(req.name.data(), req.name.size()));
 	// Scoped to the key the peer proved it holds: another key never matches.
 	const std::string scoped = fmt::format("{:016x}/{}", r.c.auth.key_id(), name);
+	if (req.lease_s > m.opts_.max_lease_s) { // --max-lease: refused before anything changes
+		m.warn_peer(PeerEvent::Limit,
+			    fmt::format("{}: BIND of volume {} refused (ERANGE): lease {} s is over "
+					"--max-lease {} s",
+					r.c.peer, name, req.lease_s, m.opts_.max_lease_s));
+		return reply(m, r, ERANGE);
+	}
 	const Bound b = m.bind_volume(session, scoped, name, req.lease_s);
 	if (b.bind.err == EBUSY) {
 		log->warn("{}: volume {} refused: session of {} still has live connections "
@@ -258,12 +274,13 @@ Memserver::Next Memserver::Handlers::bind(Memserver &m, Request &r)
 		out.reattached = 1;
 		out.slabs = b.slabs;
 		out.detached_ms = uint64_t(b.bind.detached_for.count());
-		log->info("{}: volume {} reattached: session {:016x} took over {} slabs of session "
-			  "{:016x} (detached {} ms)",
-			  r.c.peer, name, session, out.slabs, b.bind.took_over, out.detached_ms);
+		m.session_info(r.c.addr,
+			       "{}: volume {} reattached: session {:016x} took over {} slabs of "
+			       "session {:016x} (detached {} ms)",
+			       r.c.peer, name, session, out.slabs, b.bind.took_over, out.detached_ms);
 	} else {
-		log->info("{}: session {:016x} bound to volume {} (lease {} s)", r.c.peer, session,
-			  name, req.lease_s);
+		m.session_info(r.c.addr, "{}: session {:016x} bound to volume {} (lease {} s)",
+			       r.c.peer, session, name, req.lease_s);
 	}
 	std::array<std::byte, proto::kBindReplySize> buf;
 	proto::encode(out, buf);
@@ -277,9 +294,14 @@ Memserver::Next Memserver::Handlers::set_tag(Memserver &m, Request &r)
 		return Next::Malformed;
 	const uint64_t session = r.session();
 	int status = 0;
-	if (req.slab_id == proto::kNoSlab)
+	if (req.slab_id == proto::kNoSlab) {
 		status = m.sessions_.set_floor(session, req.chunk, req.epoch);
-	else if (!m.pool_.set_tag(req.slab_id, session, {req.chunk, req.epoch}))
+		if (status == ENOSPC)
+			m.warn_peer(PeerEvent::Limit,
+				    fmt::format("{}: SET_TAG refused (ENOSPC): session {:016x} has "
+						"--max-floors {} epoch floors already",
+						r.c.peer, session, m.sessions_.max_floors()));
+	} else if (!m.pool_.set_tag(req.slab_id, session, {req.chunk, req.epoch}))
 		status = EACCES;
 	return reply(m, r, uint32_t(status));
 }

@@ -63,6 +63,20 @@ int main(int argc, char **argv)
 	app.add_flag("--realtime", realtime,
 		     "run at SCHED_RR priority 1, for a host that swaps into this memserver "
 		     "itself (see rdmaswap-memserver(8))");
+	app.add_option("--max-lease", opts.max_lease_s,
+		       "longest lease= a client may bind a volume with, in seconds; a longer one "
+		       "is refused (default 86400)");
+	app.add_option("--max-floors", opts.max_floors,
+		       "epoch floors per session; more are refused (default 65536)");
+	app.add_option("--max-peer-sessions", opts.max_peer_sessions,
+		       "sessions (live or detached) created from one address; more are refused "
+		       "(default 64)");
+	app.add_option("--connect-rate", opts.connect_rate,
+		       "new connections per second from one address, in bursts of twice that; "
+		       "more are closed at once (default 50; 0: no limit)");
+	app.add_option("--max-peer-connections", opts.max_peer_connections,
+		       "connections open at once from one address (at most --max-connections); "
+		       "more are closed at once (default 128)");
 	app.add_option("--log-level", level, "trace, debug, info, warn, error (default info)");
 	CLI11_PARSE(app, argc, argv);
 
@@ -102,6 +116,11 @@ int main(int argc, char **argv)
 	opts.transport = *kind;
 	if (opts.max_connections == 0) {
 		log->error("--max-connections must be at least 1");
+		return 2;
+	}
+	if (opts.max_floors == 0 || opts.max_peer_sessions == 0 || opts.max_peer_connections == 0) {
+		log->error("--max-floors, --max-peer-sessions and --max-peer-connections must be at "
+			   "least 1");
 		return 2;
 	}
 	if (handshake_ms == 0 || handshake_ms > 600000) {

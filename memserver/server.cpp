@@ -4,6 +4,7 @@
 #include "memserver/server.h"
 
 #include <arpa/inet.h>
+#include <fcntl.h>
 #include <netdb.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
@@ -29,6 +30,31 @@ namespace {
 // How often idle connection threads look at the stop flag.
 constexpr int kPollMs = 500;
 constexpr size_t kScratch = 64 * 1024;
+// The accept loop's housekeeping period, and how many connections it accepts between two
+// looks at the clock.
+constexpr auto kTick = std::chrono::milliseconds(200);
+constexpr int kAcceptBatch = 64;
+// Refusals of one kind are reported at most this often; idle peers are forgotten this often.
+constexpr auto kDropReport = std::chrono::seconds(5);
+constexpr auto kPeerSweep = std::chrono::seconds(10);
+// The listen backlog (the kernel caps it at net.core.somaxconn): a flood that outpaces the
+// accept loop for a moment fills it, not the SYN retries of other clients.
+constexpr int kBacklog = 4096;
+
+// Per-session info lines (new, bound, detached, ended, ...) per address.
+constexpr unsigned kSessionLogBurst = 20;
+constexpr std::chrono::seconds kSessionLogPeriod{10};
+
+PeerTable::Limits peer_limits(const MemserverOptions &o)
+{
+	PeerTable::Limits l;
+	l.connect_rate = o.connect_rate;
+	l.max_connections = std::min(o.max_peer_connections, o.max_connections);
+	l.max_sessions = o.max_peer_sessions;
+	l.log_burst = kSessionLogBurst;
+	l.log_period = kSessionLogPeriod;
+	return l;
+}
 
 std::string peer_name(const sockaddr_storage &ss)
 {
@@ -60,7 +86,8 @@ void notify_ready()
 }
 
 Memserver::Memserver(const MemserverOptions &opts)
-	: opts_(opts), pool_(opts.capacity, opts.slab_size, opts.lock_memory)
+	: opts_(opts), pool_(opts.capacity, opts.slab_size, opts.lock_memory),
+	  sessions_(opts.max_floors), peers_(peer_limits(opts))
 {
 	auto log = logger("memserver");
 	if (opts_.auth_keys.empty() && !opts_.insecure)
@@ -106,7 +133,8 @@ Memserver::Memserver(const MemserverOptions &opts)
 	if (fd)
 		setsockopt(fd.get(), SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
 	if (!fd || ::bind(fd.get(), res->ai_addr, res->ai_addrlen) < 0 ||
-	    ::listen(fd.get(), 128) < 0) {
+	    ::listen(fd.get(), kBacklog) < 0 ||
+	    fcntl(fd.get(), F_SETFL, fcntl(fd.get(), F_GETFL) | O_NONBLOCK) < 0) {
 		const int err = errno;
 		freeaddrinfo(res);
 		throw std::runtime_error("cannot listen on " + ep.str() + ": " + std::strerror(err));
@@ -237,60 +265,158 @@ void Memserver::run()
 {
 	if (opts_.reserve)
 		reserve_thread_ = std::thread([this] { reserve_loop(); });
+	lease_thread_ = std::thread([this] { lease_loop(); });
 	notify_ready();
 	accept_loop();
 	reap(true);
 	if (reserve_thread_.joinable())
 		reserve_thread_.join();
+	lease_thread_.join();
 	logger("memserver")->info("stopped");
 }
 
 void Memserver::accept_loop()
 {
+	// Accepting comes first: the periodic work runs between batches, at most every kTick,
+	// and lease expiry (which frees and zeroes slabs) has a thread of its own.
+	auto next_tick = Clock::now();
 	while (!stop_.load()) {
-		pollfd p{listen_fd_.get(), POLLIN, 0};
-		const int rc = ::poll(&p, 1, 200);
-		reap(false);
-		expire_leases();
-		if (rc <= 0)
-			continue;
-		sockaddr_storage ss{};
-		socklen_t sl = sizeof ss;
-		Fd fd(::accept4(listen_fd_.get(), reinterpret_cast<sockaddr *>(&ss), &sl,
-				SOCK_CLOEXEC));
-		if (!fd)
-			continue;
-		std::unique_lock lock(conns_mu_);
-		if (conns_.size() >= opts_.max_connections) {
-			const size_t n = conns_.size();
-			lock.unlock();
-			fd.reset(); // closed at once: a flood holds no thread and no memory
-			warn_peer(PeerEvent::Limit, "refusing connection from " + peer_name(ss) + ": " +
-				  std::to_string(n) + " connections already (--max-connections)");
-			continue;
+		auto now = Clock::now();
+		if (now >= next_tick) {
+			accept_housekeeping(now);
+			next_tick = now + kTick;
 		}
-		const int one = 1;
-		setsockopt(fd.get(), IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
-		// A client host that died without closing its sockets is noticed within about
-		// 20 s (keepalive probes on an idle connection; TCP_USER_TIMEOUT for unacknowledged
-		// data), so its session detaches and a restarted client can take its volume over.
-		const int idle = 5, intvl = 3, cnt = 5, user_timeout_ms = 20000;
-		setsockopt(fd.get(), SOL_SOCKET, SO_KEEPALIVE, &one, sizeof one);
-		setsockopt(fd.get(), IPPROTO_TCP, TCP_KEEPIDLE, &idle, sizeof idle);
-		setsockopt(fd.get(), IPPROTO_TCP, TCP_KEEPINTVL, &intvl, sizeof intvl);
-		setsockopt(fd.get(), IPPROTO_TCP, TCP_KEEPCNT, &cnt, sizeof cnt);
-		setsockopt(fd.get(), IPPROTO_TCP, TCP_USER_TIMEOUT, &user_timeout_ms,
-			   sizeof user_timeout_ms);
-		auto c = std::make_shared<Conn>(keys_);
-		c->fd = std::move(fd);
-		c->peer = peer_name(ss);
-		Conn &ref = *c;
-		conns_.push_back(std::move(c));
-		ref.thread = std::thread([this, &ref] {
-			prefault_stack();
-			serve(ref);
-			ref.done.store(true);
-		});
+		const auto wait = std::chrono::duration_cast<std::chrono::milliseconds>(next_tick - now);
+		pollfd p{listen_fd_.get(), POLLIN, 0};
+		if (::poll(&p, 1, int(std::max<long long>(1, wait.count()))) <= 0)
+			continue;
+		for (int i = 0; i < kAcceptBatch && !stop_.load(); i++)
+			if (!accept_one())
+				break;
+	}
+}
+
+bool Memserver::accept_one()
+{
+	sockaddr_storage ss{};
+	socklen_t sl = sizeof ss;
+	// The listening socket is non-blocking; the accepted one is not (accept4 does not
+	// inherit O_NONBLOCK) and every wait on it is bounded by its own deadline.
+	Fd fd(::accept4(listen_fd_.get(), reinterpret_cast<sockaddr *>(&ss), &sl, SOCK_CLOEXEC));
+	if (!fd) {
+		const int err = errno;
+		if (err == EMFILE || err == ENFILE || err == ENOBUFS || err == ENOMEM) {
+			warn_peer(PeerEvent::Limit, std::string("cannot accept connections: ") +
+				  std::strerror(err));
+			std::this_thread::sleep_for(std::chrono::milliseconds(10)); // not a spin
+			return false;
+		}
+		return err != EAGAIN && err != EWOULDBLOCK;
+	}
+	// Per dropped connection: no allocation, no log line (a refusal is counted, and
+	// accept_housekeeping reports the counts), one lookup in the peer table.
+	const PeerAddr addr = PeerAddr::from(ss);
+	std::unique_lock lock(conns_mu_);
+	bool full = conns_.size() >= opts_.max_connections;
+	if (full) { // ended connections may not be reaped yet
+		lock.unlock();
+		reap(false);
+		lock.lock();
+		full = conns_.size() >= opts_.max_connections;
+	}
+	lock.unlock();
+	if (peers_.admit(addr, Clock::now(), full) != PeerTable::Verdict::Ok) {
+		// Closed at once with a reset: a flood holds no thread, no memory and no socket in
+		// a closing state.
+		const linger reset{1, 0};
+		setsockopt(fd.get(), SOL_SOCKET, SO_LINGER, &reset, sizeof reset);
+		return true;
+	}
+	const int one = 1;
+	setsockopt(fd.get(), IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+	// A client host that died without closing its sockets is noticed within about
+	// 20 s (keepalive probes on an idle connection; TCP_USER_TIMEOUT for unacknowledged
+	// data), so its session detaches and a restarted client can take its volume over.
+	const int idle = 5, intvl = 3, cnt = 5, user_timeout_ms = 20000;
+	setsockopt(fd.get(), SOL_SOCKET, SO_KEEPALIVE, &one, sizeof one);
+	setsockopt(fd.get(), IPPROTO_TCP, TCP_KEEPIDLE, &idle, sizeof idle);
+	setsockopt(fd.get(), IPPROTO_TCP, TCP_KEEPINTVL, &intvl, sizeof intvl);
+	setsockopt(fd.get(), IPPROTO_TCP, TCP_KEEPCNT, &cnt, sizeof cnt);
+	setsockopt(fd.get(), IPPROTO_TCP, TCP_USER_TIMEOUT, &user_timeout_ms,
+		   sizeof user_timeout_ms);
+	auto c = std::make_shared<Conn>(keys_);
+	c->fd = std::move(fd);
+	c->peer = peer_name(ss);
+	c->addr = addr;
+	Conn &ref = *c;
+	lock.lock();
+	conns_.push_back(std::move(c));
+	ref.thread = std::thread([this, &ref] {
+		prefault_stack();
+		serve(ref);
+		peers_.closed(ref.addr);
+		ref.done.store(true);
+	});
+	return true;
+}
+
+void Memserver::accept_housekeeping(Clock::time_point now)
+{
+	reap(false);
+	using V = PeerTable::Verdict;
+	for (V v : {V::Rate, V::Connections, V::ServerFull, V::TableFull}) {
+		auto &last = drop_reported_[size_t(v)];
+		if (now - last < kDropReport)
+			continue;
+		const PeerTable::Dropped d = peers_.drop_report(v);
+		if (!d.total)
+			continue;
+		// Counted since the last report of this kind; the first one is reported at once.
+		const auto in = last == Clock::time_point{}
+					? std::string()
+					: fmt::format(" in the last {} s",
+						      std::chrono::duration_cast<std::chrono::seconds>(
+							      now - last).count());
+		last = now;
+		std::string why;
+		switch (v) {
+		case V::Rate:
+			why = fmt::format("over --connect-rate {}/s (burst {})", opts_.connect_rate,
+					  2 * opts_.connect_rate);
+			break;
+		case V::Connections:
+			why = fmt::format("over --max-peer-connections {} open at once",
+					  std::min(opts_.max_peer_connections, opts_.max_connections));
+			break;
+		case V::ServerFull:
+			why = fmt::format("over --max-connections {} open at once",
+					  opts_.max_connections);
+			break;
+		default:
+			break;
+		}
+		if (v == V::TableFull)
+			warn_peer(PeerEvent::Limit,
+				  fmt::format("refused {} connections from new addresses{}: the table of "
+					      "peers is full of active addresses",
+					      d.total, in));
+		else
+			warn_peer(PeerEvent::Limit,
+				  fmt::format("refused {} connections from {}{}: {}{}; closed at once",
+					      d.worst_count, d.worst.str(), in, why,
+					      d.addresses > 1
+						      ? fmt::format(" ({} more from {} other addresses)",
+								    d.total - d.worst_count,
+								    d.addresses - 1)
+						      : std::string()));
+	}
+	for (const auto &[addr, n] : peers_.log_suppressed(now))
+		logger("memserver")->info("{} more session messages about clients at {} suppressed "
+					  "(at most {} per {} s per address)",
+					  n, addr.str(), kSessionLogBurst, kSessionLogPeriod.count());
+	if (now >= next_sweep_) {
+		peers_.sweep(now);
+		next_sweep_ = now + kPeerSweep;
 	}
 }
 

@@ -25,6 +25,7 @@
 #include "common/log.h"
 #include "common/protocol.h"
 #include "common/tcp/socket.h"
+#include "memserver/peers.h"
 #include "memserver/sessions.h"
 #include "memserver/slab_pool.h"
 
@@ -59,6 +60,20 @@ struct MemserverOptions {
 	uint64_t reserve = 0;
 	std::string meminfo = "/proc/meminfo"; // test hook: RDMASWAP_MEMINFO
 	std::chrono::milliseconds reserve_interval{1000};
+	// Limits on every peer (docs/security.md, "Limits"). --max-lease: a BIND with a longer
+	// lease is refused (ERANGE).
+	uint32_t max_lease_s = 86400;
+	// --max-floors: epoch floors per session; one more is refused (SET_TAG: ENOSPC).
+	size_t max_floors = SessionTable::kDefaultMaxFloors;
+	// --max-peer-sessions: sessions (live or detached) created from one address; a HELLO
+	// that would create one more is refused (EUSERS).
+	unsigned max_peer_sessions = 64;
+	// --connect-rate: new connections per second from one address (a token bucket with a
+	// burst of twice that; 0: no limit); --max-peer-connections: connections open at once
+	// from one address (never more than max_connections). Over either, the accept loop
+	// closes the connection at once and counts it.
+	unsigned connect_rate = 50;
+	unsigned max_peer_connections = 128;
 	// Test hook (RDMASWAP_TEST_LIFECYCLE_PAUSE_MS): sleep this long inside the detach of a
 	// session (after the decision, before its RDMA state is dropped) and inside a takeover
 	// (between the bind and the move of the slabs), logging "lifecycle pause" first, so that a
@@ -99,8 +114,8 @@ public:
 	// detaches the session (its RDMA state is dropped, its slabs kept for its lease) or ends
 	// it (RDMA state dropped, then its slabs freed: by then it can no longer be joined).
 	void leave_session(uint64_t session);
-	// Free the slabs of detached sessions whose lease ended (called by the accept loop; skips
-	// a round rather than wait for the lifecycle mutex).
+	// Free the slabs of detached sessions whose lease ended (called by the lease thread every
+	// 200 ms).
 	void expire_leases();
 	// The lifecycle mutex, for the RDMA service: held across a QP's join of a session and the
 	// creation of the session's PD. Lock order: lifecycle mutex, then RdmaService's, then
@@ -114,6 +129,24 @@ public:
 	enum class PeerEvent { Auth, Limit, Slow, Protocol };
 	// Log a warning about something a peer did wrong, rate-limited per kind.
 	void warn_peer(PeerEvent kind, const std::string &what);
+	// Log an info line about a session of a client at `peer` (new, bound, detached, ended,
+	// reattached, expired), rate-limited per address (PeerTable::log_allowed); unlimited if
+	// the address is not known.
+	template <class... Args>
+	void session_info(const std::optional<PeerAddr> &peer, fmt::format_string<Args...> f,
+			  Args &&...args)
+	{
+		uint64_t suppressed = 0;
+		if (peer && !peers_.log_allowed(*peer, suppressed))
+			return;
+		if (suppressed)
+			logger("memserver")->info("{} ({} more session messages about clients at {} "
+						  "suppressed before)",
+						  fmt::format(f, std::forward<Args>(args)...),
+						  suppressed, peer->str());
+		else
+			logger("memserver")->info(f, std::forward<Args>(args)...);
+	}
 
 private:
 	struct Conn;            // one TCP connection (memserver/conn.h)
@@ -121,6 +154,16 @@ private:
 	enum class Next : uint8_t; // what serving a request leads to (memserver/conn.h)
 	struct Handlers;        // the per-op handlers (memserver/conn.h, handlers.cpp)
 	void accept_loop();
+	// Accept one connection and admit it (a thread of its own) or close it at once. False
+	// when there was none to accept.
+	bool accept_one();
+	// The accept loop's periodic work (every 200 ms): reap ended connections, report the
+	// connections refused since the last report (per kind, at most every 5 s), forget idle
+	// peers.
+	void accept_housekeeping(std::chrono::steady_clock::time_point now);
+	// Lease expiry, and memory handed back to the system after large frees (malloc_trim),
+	// every 200 ms until stop.
+	void lease_loop();
 	// The request loop of connection `c` (its own thread), until it closes or misbehaves.
 	void serve(Conn &c);
 	// HELLO with a session id: join it if the token matches. False: no such session (or it
@@ -149,6 +192,7 @@ private:
 	std::vector<std::shared_ptr<const AuthKey>> keys_;
 	SlabPool pool_;
 	SessionTable sessions_;
+	PeerTable peers_;
 	// Held across each multi-step session transition (join, leave, bind + takeover, lease
 	// expiry), never on the data path. Lock order in lifecycle_lock().
 	std::mutex lifecycle_mu_;
@@ -157,6 +201,12 @@ private:
 	std::unique_ptr<RdmaService> rdma_;
 	std::atomic<bool> stop_{false};
 	std::thread reserve_thread_;
+	std::thread lease_thread_;
+	// Accept loop only: when each kind of refusal was last reported, and the next sweep.
+	std::array<std::chrono::steady_clock::time_point, PeerTable::kVerdicts> drop_reported_{};
+	std::chrono::steady_clock::time_point next_sweep_{};
+	// Lease thread only: floors and sessions freed since the last malloc_trim.
+	uint64_t freed_since_trim_ = 0;
 	std::array<LogLimiter, 4> peer_log_{{{10, std::chrono::seconds(10)},
 					     {10, std::chrono::seconds(10)},
 					     {10, std::chrono::seconds(10)},

@@ -7,8 +7,16 @@
 #include <algorithm>
 #include <cerrno>
 #include <stdexcept>
+#include <utility>
 
 namespace rdmaswap {
+
+namespace {
+size_t floor_count(const auto &entry)
+{
+	return entry.floors ? entry.floors->map.size() : 0;
+}
+} // namespace
 
 uint64_t random_u64()
 {
@@ -62,7 +70,8 @@ SessionTable::Left SessionTable::leave(uint64_t id)
 		it->second.detached_at = Clock::now();
 		return Left::Detached;
 	}
-	map_.erase(it);
+	freed_ += 1 + floor_count(it->second);
+	map_.erase(it); // its floors' pages are unmapped
 	return Left::Ended;
 }
 
@@ -103,6 +112,7 @@ SessionTable::BindResult SessionTable::bind(uint64_t id, const std::string &scop
 		r.detached_for = std::chrono::duration_cast<std::chrono::milliseconds>(
 			Clock::now() - o->second.detached_at);
 		me.floors = std::move(o->second.floors);
+		freed_++;
 		map_.erase(o);
 		break;
 	}
@@ -110,6 +120,12 @@ SessionTable::BindResult SessionTable::bind(uint64_t id, const std::string &scop
 	me.name = name;
 	me.lease_s = lease_s;
 	return r;
+}
+
+uint64_t SessionTable::take_freed()
+{
+	std::lock_guard lock(mu_);
+	return std::exchange(freed_, 0);
 }
 
 bool SessionTable::detached(uint64_t id) const
@@ -127,6 +143,7 @@ std::vector<SessionTable::Expired> SessionTable::expire(Clock::time_point now)
 		const Entry &e = it->second;
 		if (e.detached && now - e.detached_at >= std::chrono::seconds(e.lease_s)) {
 			out.push_back(Expired{it->first, e.name, e.peer});
+			freed_ += 1 + floor_count(e);
 			it = map_.erase(it);
 		} else {
 			++it;
@@ -141,12 +158,16 @@ int SessionTable::set_floor(uint64_t id, uint64_t chunk, uint64_t epoch)
 	auto it = map_.find(id);
 	if (it == map_.end() || it->second.scoped.empty())
 		return EINVAL;
-	auto &f = it->second.floors;
+	auto &fm = it->second.floors;
 	if (epoch == 0) {
-		f.erase(chunk);
+		if (fm)
+			freed_ += fm->map.erase(chunk);
 		return 0;
 	}
-	if (!f.count(chunk) && f.size() >= kMaxFloors)
+	if (!fm)
+		fm = std::make_unique<FloorMap>();
+	auto &f = fm->map;
+	if (!f.count(chunk) && f.size() >= max_floors_)
 		return ENOSPC;
 	f[chunk] = epoch;
 	return 0;
@@ -158,11 +179,11 @@ std::vector<std::pair<uint64_t, uint64_t>> SessionTable::floors(uint64_t id, uin
 	std::lock_guard lock(mu_);
 	std::vector<std::pair<uint64_t, uint64_t>> out;
 	auto it = map_.find(id);
-	if (it == map_.end())
+	if (it == map_.end() || !it->second.floors)
 		return out;
-	for (auto f = it->second.floors.lower_bound(start);
-	     f != it->second.floors.end() && out.size() < max; ++f)
-		out.emplace_back(f->first, f->second);
+	const auto &f = it->second.floors->map;
+	for (auto i = f.lower_bound(start); i != f.end() && out.size() < max; ++i)
+		out.emplace_back(i->first, i->second);
 	return out;
 }
 

@@ -11,15 +11,21 @@
 #include <string>
 #include <vector>
 
-#include "common/auth.h"
+#include <memory>
 #include <mutex>
 #include <optional>
 #include <unordered_map>
+
+#include "common/auth.h"
+#include "memserver/floors.h"
 
 namespace rdmaswap {
 
 class SessionTable {
 public:
+	// --max-floors: epoch floors per session (set_floor).
+	static constexpr size_t kDefaultMaxFloors = 65536;
+	explicit SessionTable(size_t max_floors = kDefaultMaxFloors) : max_floors_(max_floors) {}
 	struct Creds {
 		uint64_t id = 0;
 		uint64_t token = 0;
@@ -73,12 +79,15 @@ public:
 	// Remove detached sessions whose lease ended by `now`; the caller frees their slabs.
 	std::vector<Expired> expire(Clock::time_point now);
 	// A chunk's epoch floor in the volume of bound session `id` (epoch 0 removes it).
-	// 0, EINVAL (not bound) or ENOSPC (kMaxFloors floors already).
+	// 0, EINVAL (not bound) or ENOSPC (max_floors() floors already; changing or removing
+	// one is still allowed).
 	int set_floor(uint64_t id, uint64_t chunk, uint64_t epoch);
 	// Floors of session `id` with chunk >= start, at most `max`.
 	std::vector<std::pair<uint64_t, uint64_t>> floors(uint64_t id, uint64_t start,
 							  size_t max) const;
-	static constexpr size_t kMaxFloors = 1 << 20;
+	size_t max_floors() const { return max_floors_; }
+	// Floors and sessions freed (removed from the table) since the last call.
+	uint64_t take_freed();
 	struct Report {
 		uint64_t id = 0;
 		bool rdma = false, bound = false, detached = false;
@@ -100,10 +109,12 @@ private:
 		uint32_t lease_s = 0;
 		bool detached = false;
 		Clock::time_point detached_at{};
-		std::map<uint64_t, uint64_t> floors; // chunk -> epoch floor
+		std::unique_ptr<FloorMap> floors; // chunk -> epoch floor; null: none yet
 	};
+	const size_t max_floors_;
 	mutable std::mutex mu_;
 	std::unordered_map<uint64_t, Entry> map_;
+	uint64_t freed_ = 0; // floors and sessions removed, for take_freed()
 };
 
 // One page of a listing: the entries of `all` that `visible` admits, after skipping the first

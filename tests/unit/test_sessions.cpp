@@ -1,10 +1,12 @@
 // SPDX-License-Identifier: MIT
 // Unit tests for memserver/sessions: the last leave() of a session decides, in the same
 // critical section, whether it is detached (joinable, kept) or ended (gone: no join, no
-// takeover), and concurrent joins and leaves never lose or resurrect a session.
+// takeover), and concurrent joins and leaves never lose or resurrect a session; --max-floors.
 #include <catch2/catch.hpp>
 
 #include <atomic>
+#include <cerrno>
+#include <chrono>
 #include <thread>
 #include <vector>
 
@@ -110,4 +112,26 @@ TEST_CASE("sessions: listing pages skip before they cut, so every visible entry 
 	CHECK(list_page(all, odd, 9, 3).size() == 1);
 	CHECK(list_page(all, odd, 10, 3).empty());
 	CHECK(list_page(all, odd, 1000, 3).empty());
+
+TEST_CASE("sessions: --max-floors bounds a session's epoch floors; freed ones are counted",
+	  "[sessions]")
+{
+	SessionTable t(4);
+	CHECK(t.max_floors() == 4);
+	const auto s = t.create(false, Mac{});
+	REQUIRE(t.bind(s.id, "k/v", "v", 30).err == 0);
+	for (uint64_t c = 0; c < 4; c++)
+		REQUIRE(t.set_floor(s.id, c, 5) == 0);
+	CHECK(t.set_floor(s.id, 4, 5) == ENOSPC);
+	CHECK(t.set_floor(s.id, 2, 9) == 0); // changing one is allowed at the limit
+	CHECK(t.set_floor(s.id, 3, 0) == 0); // and removing one
+	CHECK(t.take_freed() == 1);
+	CHECK(t.set_floor(s.id, 4, 5) == 0);
+	CHECK(t.floors(s.id, 0, 100).size() == 4);
+	// The session ends: its 4 floors and itself are freed.
+	CHECK(t.leave(s.id) == SessionTable::Left::Detached);
+	CHECK(t.expire(SessionTable::Clock::now() + std::chrono::seconds(31)).size() == 1);
+	CHECK(t.take_freed() == 5);
+	CHECK(t.take_freed() == 0);
+	CHECK(SessionTable().max_floors() == SessionTable::kDefaultMaxFloors);
 }
