@@ -112,6 +112,7 @@ TEST_CASE("sessions: listing pages skip before they cut, so every visible entry 
 	CHECK(list_page(all, odd, 9, 3).size() == 1);
 	CHECK(list_page(all, odd, 10, 3).empty());
 	CHECK(list_page(all, odd, 1000, 3).empty());
+}
 
 TEST_CASE("sessions: --max-floors bounds a session's epoch floors; freed ones are counted",
 	  "[sessions]")
