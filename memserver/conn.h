@@ -18,6 +18,7 @@
 #include "common/auth.h"
 #include "common/protocol.h"
 #include "common/tcp/socket.h"
+#include "common/volume_key.h"
 #include "memserver/server.h"
 #include "memserver/sessions.h"
 
@@ -38,6 +39,7 @@ struct Memserver::Conn {
 	std::atomic<uint64_t> read_ops{0}, read_bytes{0}, write_ops{0}, write_bytes{0};
 	// Only its own thread touches these.
 	bool authed = false;
+	Challenge challenge{};               // sent in the HELLO reply; a BIND on it signs it
 	std::vector<std::byte> scratch;      // to drain refused WRITE payloads
 };
 

@@ -66,6 +66,10 @@ trap 'exit 130' INT TERM
 make_key() { (umask 077 && head -c 32 /dev/urandom | od -An -tx1 | tr -d ' \n' >"$1"); }
 export AUTH_KEY="$tmpdir/auth.key"
 make_key "$AUTH_KEY"
+# The plugin's default volume key (no volume-key=) is $STATE_DIRECTORY/volume.key, created on
+# first use: here in the test's directory, never in /var/lib or the user's home. Every nbdkit of
+# a test shares it (one host), so a restarted nbdkit reattaches its volume.
+export STATE_DIRECTORY="$tmpdir/state"
 
 # A sanitizer build of the plugin cannot be loaded into Debian's (uninstrumented) nbdkit unless
 # the sanitizer's runtime is loaded first: meson sets RDMASWAP_NBDKIT_PRELOAD to

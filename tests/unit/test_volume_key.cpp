@@ -1,5 +1,6 @@
 // SPDX-License-Identifier: MIT
-// Unit tests for common/volume_key: derivation, signatures, the key file, the default path.
+// Unit tests for common/volume_key: derivation, signatures, the key file, the default path, and
+// BIND on an in-process memserver (a wrong proof is EPERM; another volume key is another volume).
 #include <catch2/catch.hpp>
 
 #include <sys/stat.h>
@@ -13,12 +14,16 @@
 #include <sstream>
 #include <stdexcept>
 #include <string>
+#include <thread>
 
 #include "common/auth.h"
 #include "common/protocol.h"
+#include "common/tcp/rpc.h"
 #include "common/volume_key.h"
+#include "memserver/server.h"
 
 using namespace rdmaswap;
+using namespace std::chrono_literals;
 
 namespace {
 
@@ -210,4 +215,138 @@ TEST_CASE("volume key: the default location", "[volkey]")
 	      "/home/u/.local/state/rdmaswap/volume.key");
 	CHECK_THROWS_WITH(default_volume_key_path(nullptr, false, nullptr, nullptr),
 			  Catch::Contains("volume-key=FILE"));
+}
+
+namespace {
+
+// A TCP memserver on 127.0.0.1 running on its own thread for the test's lifetime.
+struct LocalServer {
+	LocalServer()
+	{
+		MemserverOptions o;
+		o.listen = "127.0.0.1";
+		o.port = 0;
+		o.capacity = 8ull << 20;
+		o.slab_size = 1ull << 20;
+		o.transport = TransportKind::Tcp;
+		o.lock_memory = false;
+		o.auth_keys.push_back(key);
+		server = std::make_unique<Memserver>(o);
+		thread = std::thread([this] { server->run(); });
+	}
+	~LocalServer()
+	{
+		server->stop();
+		thread.join();
+	}
+	SockAddr addr() const { return resolve(Endpoint{"127.0.0.1", server->port()}); }
+	std::shared_ptr<const AuthKey> key = secret("the cluster key of this test!!");
+	std::unique_ptr<Memserver> server;
+	std::thread thread;
+};
+
+// A raw BIND on a new session: HELLO, then BIND with `pub` and the proof `sign` makes from the
+// message of this connection. Returns the BIND's status (0 or errno).
+template <typename Sign>
+int raw_bind(const LocalServer &s, const std::string &name, const VolumePubKey &pub, Sign sign,
+	     proto::BindReply *out = nullptr)
+{
+	int err = 0;
+	Fd fd = connect_memserver(s.addr(), deadline_after(5s), s.key.get(), nullptr, err);
+	REQUIRE(fd);
+	std::array<std::byte, proto::kHelloRequestSize> hb;
+	proto::encode(proto::HelloRequest{}, hb);
+	std::array<std::byte, proto::kHelloReplySize> hr;
+	REQUIRE(rpc(fd.get(), 1, proto::Op::Hello, hb, hr, deadline_after(5s)) == 0);
+	proto::HelloReply hello;
+	REQUIRE(proto::decode(hr, hello).ok);
+	proto::BindRequest req;
+	std::memcpy(req.name.data(), name.data(), name.size());
+	req.lease_s = 30;
+	req.pubkey = pub;
+	req.proof = sign(bind_proof_message(hello.challenge, hello.session_id, req.name,
+					    req.lease_s, pub));
+	std::array<std::byte, proto::kBindRequestSize> bb;
+	proto::encode(req, bb);
+	std::array<std::byte, proto::kBindReplySize> br;
+	const int r = rpc(fd.get(), 2, proto::Op::Bind, bb, br, deadline_after(5s));
+	if (r == 0 && out)
+		REQUIRE(proto::decode(br, *out).ok);
+	return r;
+}
+
+} // namespace
+
+TEST_CASE("volume key: BIND on a memserver needs the owner's proof", "[volkey][memserver]")
+{
+	set_log_level("off");
+	LocalServer s;
+	const auto a = secret("owner's volume secret, 32 bytes!");
+	const auto b = secret("another host's volume secret!!!!");
+	const VolumeKey ka(*a, "vol"), kb(*b, "vol");
+
+	// The owner binds, takes a tagged slab, and goes away: the session is kept (lease 30 s).
+	{
+		ControlClient owner(s.addr(), 5s, s.key);
+		proto::HelloReply hello;
+		REQUIRE(owner.open_session(false, hello) == 0);
+		proto::BindReply r;
+		REQUIRE(owner.bind(ka, 30, r) == 0);
+		CHECK(r.reattached == 0);
+		proto::AllocReply ar;
+		REQUIRE(owner.alloc_tagged(0, 1, ar) == 0);
+	}
+	auto detached = [&] {
+		ControlClient c(s.addr(), 5s, s.key);
+		std::vector<proto::SessionEntry> v;
+		return c.sessions(0, v) == 0 && v.size() == 1 && (v[0].flags & proto::kSessionDetached);
+	};
+	for (int i = 0; i < 250 && !detached(); i++)
+		std::this_thread::sleep_for(20ms);
+	REQUIRE(detached());
+
+	SECTION("a wrong proof is EPERM and binds nothing")
+	{
+		// The owner's public key, signed by another key; a proof of another connection's
+		// challenge; a flipped bit; no proof at all.
+		CHECK(raw_bind(s, "vol", ka.public_key(),
+			       [&](const auto &m) { return kb.sign(m); }) == EPERM);
+		CHECK(raw_bind(s, "vol", ka.public_key(), [&](const auto &m) {
+			      auto other = m;
+			      other[30] ^= std::byte{1}; // inside the challenge
+			      return ka.sign(other);
+		      }) == EPERM);
+		CHECK(raw_bind(s, "vol", ka.public_key(), [&](const auto &m) {
+			      auto p = ka.sign(m);
+			      p[10] ^= std::byte{4};
+			      return p;
+		      }) == EPERM);
+		CHECK(raw_bind(s, "vol", ka.public_key(), [](const auto &) { return VolumeProof{}; }) ==
+		      EPERM);
+		// The owner's slab is still its own: the owner's next bind takes it over.
+		proto::BindReply r;
+		REQUIRE(raw_bind(s, "vol", ka.public_key(),
+				 [&](const auto &m) { return ka.sign(m); }, &r) == 0);
+		CHECK(r.reattached == 1);
+		CHECK(r.slabs == 1);
+	}
+	SECTION("another volume key with the same name is another volume")
+	{
+		ControlClient thief(s.addr(), 5s, s.key);
+		proto::HelloReply hello;
+		REQUIRE(thief.open_session(false, hello) == 0);
+		proto::BindReply r;
+		REQUIRE(thief.bind(kb, 30, r) == 0);
+		CHECK(r.reattached == 0); // before volume keys: 1, and the owner's slab with it
+		CHECK(r.slabs == 0);
+		std::vector<proto::VolumeEntry> slabs;
+		REQUIRE(thief.volume_list(proto::ListWhat::Slabs, 0, slabs) == 0);
+		CHECK(slabs.empty());
+		// The owner, meanwhile (the thief is live: before, this was EBUSY), gets its slab.
+		ControlClient owner(s.addr(), 5s, s.key);
+		REQUIRE(owner.open_session(false, hello) == 0);
+		REQUIRE(owner.bind(ka, 30, r) == 0);
+		CHECK(r.reattached == 1);
+		CHECK(r.slabs == 1);
+	}
 }
