@@ -83,9 +83,9 @@ Mac AuthKey::mac(const char *label, std::initializer_list<std::span<const std::b
 	return hmac(key_, label, parts);
 }
 
-std::shared_ptr<const AuthKey> load_auth_key(const std::string &path)
+std::shared_ptr<const AuthKey> load_auth_key(const std::string &path, const char *kind)
 {
-	const std::string what = "auth key file " + path;
+	const std::string what = std::string(kind) + " file " + path;
 	const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NOCTTY);
 	if (fd < 0)
 		throw std::runtime_error(what + ": " + std::strerror(errno));

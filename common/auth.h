@@ -52,9 +52,10 @@ private:
 
 // Read a key file: a regular file, not readable or writable by others (refused otherwise:
 // a readable key is a leaked key), of kMinKeySize..kMaxKeySize bytes after stripping
-// trailing whitespace. Throws std::runtime_error with a message that names the file and says
-// how to fix it.
-std::shared_ptr<const AuthKey> load_auth_key(const std::string &path);
+// trailing whitespace. Throws std::runtime_error with a message that names the file (as
+// "<kind> file PATH") and says how to fix it.
+std::shared_ptr<const AuthKey> load_auth_key(const std::string &path,
+					     const char *kind = "auth key");
 
 // `out.size()` random bytes from OpenSSL's CSPRNG. Throws std::runtime_error if it fails.
 void random_bytes(std::span<std::byte> out);

@@ -311,6 +311,7 @@ void encode(const HelloReply &m, std::span<std::byte> out)
 	o.put(m.max_io);
 	o.put(m.server_flags);
 	o.put(m.conn_id);
+	o.put_bytes(m.challenge);
 }
 
 Status decode(std::span<const std::byte> in, HelloReply &m)
@@ -327,8 +328,11 @@ Status decode(std::span<const std::byte> in, HelloReply &m)
 	r.max_io = i.get<uint32_t>();
 	r.server_flags = i.get<uint32_t>();
 	r.conn_id = i.get<uint64_t>();
+	i.get_bytes(r.challenge);
 	if (r.session_id == 0 || r.token == 0 || r.conn_id == 0)
 		return Status::fail("HELLO reply without a session");
+	if (r.challenge == decltype(r.challenge){})
+		return Status::fail("HELLO reply without a challenge");
 	if (r.slab_size < 4096 || (r.slab_size & (r.slab_size - 1)) != 0)
 		return Status::fail("HELLO reply slab size is not a power of two >= 4096");
 	if (r.slabs_free > r.slabs_total)
@@ -580,6 +584,8 @@ void encode(const BindRequest &m, std::span<std::byte> out)
 	put_name(o, m.name);
 	o.put(m.lease_s);
 	o.put(m.reserved);
+	o.put_bytes(m.pubkey);
+	o.put_bytes(m.proof);
 }
 
 Status decode(std::span<const std::byte> in, BindRequest &m)
@@ -591,6 +597,8 @@ Status decode(std::span<const std::byte> in, BindRequest &m)
 	get_name(i, r.name);
 	r.lease_s = i.get<uint32_t>();
 	r.reserved = i.get<uint32_t>();
+	i.get_bytes(r.pubkey);
+	i.get_bytes(r.proof);
 	if (!name_field_ok(r.name) ||
 	    !valid_volume_name(std::string_view(r.name.data(), strnlen(r.name.data(), r.name.size()))))
 		return Status::fail("BIND volume name is not 1..64 graphic ASCII characters");

@@ -12,7 +12,9 @@
 namespace rdmaswap::proto {
 
 inline constexpr uint32_t kMagic = 0x57534452; // "RDSW" on the wire
-inline constexpr uint8_t kVersion = 1;
+// 2: HELLO replies carry a challenge and BIND requests a volume key's proof (volume_key.h);
+// a peer of another version is refused at its first message ("unsupported protocol version").
+inline constexpr uint8_t kVersion = 2;
 inline constexpr size_t kHeaderSize = 32;
 // Largest READ/WRITE payload in one message. The plugin splits larger requests.
 inline constexpr uint32_t kMaxIo = 1u << 20;
@@ -67,7 +69,7 @@ struct HelloRequest {                 // 32 bytes
 	// that nothing the old connection still had buffered can land after what follows.
 	uint64_t replaces = 0;
 };
-struct HelloReply {                   // 48 bytes
+struct HelloReply {                   // 80 bytes
 	uint64_t session_id = 0;
 	uint64_t token = 0;
 	uint64_t slab_size = 0;
@@ -76,6 +78,8 @@ struct HelloReply {                   // 48 bytes
 	uint32_t max_io = 0;
 	uint32_t server_flags = 0;    // bit 0: RDMA data path available
 	uint64_t conn_id = 0;         // this connection's id (for a later `replaces`)
+	// Fresh random bytes for this connection (never all zero): a BIND on it signs them.
+	std::array<std::byte, 32> challenge{};
 };
 inline constexpr uint32_t kServerRdma = 1;
 
@@ -112,15 +116,21 @@ struct StatsReply {                   // 80 bytes
 	uint64_t reserved = 0;
 };
 
-// BIND: after HELLO, bind this session to volume `name` (scoped by the server to the cluster
-// key the connection authenticated with). If a detached session of the same volume exists, this
-// session takes over its slabs, tags and floors. EBUSY: a session with live connections holds
-// the volume. EINVAL: the session is already bound to another volume.
+// BIND: after HELLO, bind this session to volume `name` of the volume key `pubkey` (the
+// server's volume id is "<cluster key id>/<name>/<hex of pubkey>": another cluster key or
+// another volume key never matches it). `proof` is the Ed25519 signature under `pubkey` of
+// bind_proof_message(challenge of this connection's HELLO reply, session id, name, lease_s,
+// pubkey) (common/volume_key.h). If a detached session of the same volume exists, this session
+// takes over its slabs, tags and floors. EPERM: the proof is wrong (nothing is bound). EBUSY: a
+// session with live connections holds the volume. EINVAL: the session is already bound to
+// another volume.
 inline constexpr size_t kMaxVolumeName = 64;
-struct BindRequest {                  // 72 bytes
+struct BindRequest {                  // 168 bytes
 	std::array<char, kMaxVolumeName> name{}; // 1..64 graphic ASCII characters, NUL-padded
 	uint32_t lease_s = 0;         // kept detached this long after the last connection; 0: freed
 	uint32_t reserved = 0;
+	std::array<std::byte, 32> pubkey{}; // the volume's Ed25519 public key
+	std::array<std::byte, 64> proof{};  // Ed25519 signature (see above)
 };
 struct BindReply {                    // 16 bytes
 	uint32_t reattached = 0;      // 1: took over a detached session of this volume
@@ -171,7 +181,7 @@ struct SessionEntry {                 // 160 bytes
 	std::array<char, 64> volume{}; // NUL-padded ("" when not bound)
 	std::array<char, 64> peer{};   // the address of the client that created or bound it
 };
-inline constexpr size_t kBindRequestSize = 72;
+inline constexpr size_t kBindRequestSize = 168;
 inline constexpr size_t kBindReplySize = 16;
 inline constexpr size_t kAllocTaggedRequestSize = 16;
 inline constexpr size_t kSetTagRequestSize = 24;
@@ -223,7 +233,7 @@ inline constexpr size_t kAuthRequestSize = 48;
 inline constexpr size_t kAuthReplySize = 64;
 inline constexpr size_t kAuthProofRequestSize = 32;
 inline constexpr size_t kHelloRequestSize = 32;
-inline constexpr size_t kHelloReplySize = 48;
+inline constexpr size_t kHelloReplySize = 80;
 inline constexpr size_t kAllocReplySize = 32;
 inline constexpr size_t kFreeRequestSize = 8;
 inline constexpr size_t kIoRequestSize = 16;
@@ -239,7 +249,7 @@ long decode_list(std::span<const std::byte> in, std::span<uint32_t> ids);
 void encode_list(std::span<const uint32_t> ids, std::span<std::byte> out);
 
 // The largest fixed body of any message: a receive buffer of this size holds any body.
-inline constexpr size_t kMaxFixedBody = 80;
+inline constexpr size_t kMaxFixedBody = 168; // BIND
 
 // Result of decoding: ok, or why not. Decoders never read outside the span they are given.
 struct Status {

@@ -39,8 +39,11 @@ RemoteServer::RemoteServer(const RemoteServerOptions &opts)
 	logger("client")->debug("memserver {}: session {} slab size {} slabs {} free {}", name_,
 				hello.session_id, hello.slab_size, hello.slabs_total,
 				hello.slabs_free);
-	if (!opts_.volume.empty())
+	if (!opts_.volume.empty()) {
+		if (!opts_.volume_key || opts_.volume_key->name() != opts_.volume)
+			throw std::logic_error("RemoteServer: volume= without its volume key");
 		bind_volume();
+	}
 }
 
 void RemoteServer::bind_volume()
@@ -50,7 +53,7 @@ void RemoteServer::bind_volume()
 	auto pause = std::chrono::milliseconds(100);
 	for (;;) {
 		proto::BindReply r;
-		const int err = control_->bind(opts_.volume, opts_.lease_s, r);
+		const int err = control_->bind(*opts_.volume_key, opts_.lease_s, r);
 		if (err == 0) {
 			reattached_ = r.reattached;
 			adopting_ = r.reattached;
@@ -64,6 +67,11 @@ void RemoteServer::bind_volume()
 					  name_, opts_.volume, opts_.lease_s);
 			return;
 		}
+		if (err == EPERM)
+			throw VolumeProofRefused(
+				"memserver " + name_ + " refused the proof of volume " + opts_.volume +
+				"'s key (EPERM): it did not accept our signature of its challenge; nothing of "
+				"this volume is served from it");
 		if (err != EBUSY || std::chrono::steady_clock::now() + pause > deadline) {
 			if (err == EBUSY)
 				throw std::runtime_error(

@@ -6,6 +6,7 @@
 #include <chrono>
 #include <memory>
 #include <mutex>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -33,6 +34,16 @@ struct RemoteServerOptions {
 	// `timeout` has passed.
 	std::string volume;
 	uint32_t lease_s = 0;
+	// Required with `volume`: the volume's key (volume-key=), derived for `volume`; every
+	// BIND proves it (volume_key.h).
+	std::shared_ptr<const VolumeKey> volume_key;
+};
+
+// Thrown by RemoteServer's constructor when the memserver refused the proof of the volume key
+// (EPERM): the caller treats that server as failed for this volume and never serves from it.
+class VolumeProofRefused : public std::runtime_error {
+public:
+	using std::runtime_error::runtime_error;
 };
 
 class RemoteServer final : public Server {
@@ -68,7 +79,8 @@ private:
 	// Drop the grants forget_slab() marked, and mark the outcome unknown so that reconcile()
 	// gives them back. Caller holds mu_.
 	void absorb_forgotten();
-	// BIND with retries while the volume has a live owner. Throws std::runtime_error.
+	// BIND with retries while the volume has a live owner. Throws std::runtime_error, or
+	// VolumeProofRefused for EPERM.
 	void bind_volume();
 	// ALLOC or ALLOC_TAGGED (tag != nullptr).
 	int alloc_impl(const uint64_t *tag, SlabGrant &out);

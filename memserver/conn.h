@@ -18,6 +18,7 @@
 #include "common/auth.h"
 #include "common/protocol.h"
 #include "common/tcp/socket.h"
+#include "common/volume_key.h"
 #include "memserver/server.h"
 #include "memserver/sessions.h"
 
@@ -40,6 +41,7 @@ struct Memserver::Conn {
 	// Only its own thread touches these.
 	bool authed = false;
 	bool admin = false;                  // authenticated with an admin key (or --insecure)
+	Challenge challenge{};               // sent in the HELLO reply; a BIND on it signs it
 	std::vector<std::byte> scratch;      // to drain refused WRITE payloads
 };
 

@@ -147,6 +147,8 @@ Memserver::Next Memserver::Handlers::hello(Memserver &m, Request &r)
 	out.max_io = proto::kMaxIo;
 	out.server_flags = m.rdma_ ? proto::kServerRdma : 0;
 	out.conn_id = c.id;
+	random_bytes(c.challenge); // a BIND on this connection must sign it (volume_key.h)
+	out.challenge = c.challenge;
 	std::array<std::byte, proto::kHelloReplySize> b;
 	proto::encode(out, b);
 	return reply(m, r, 0, b);
@@ -251,8 +253,17 @@ Memserver::Next Memserver::Handlers::bind(Memserver &m, Request &r)
 	auto log = logger("memserver");
 	const uint64_t session = r.session();
 	const std::string name(req.name.data(), strnlen(req.name.data(), req.name.size()));
-	// Scoped to the key the peer proved it holds: another key never matches.
-	const std::string scoped = fmt::format("{:016x}/{}", r.c.auth.key_id(), name);
+	// The owner's proof, first: a wrong one binds nothing and touches no slab.
+	if (!verify_volume_proof(req.pubkey,
+				 bind_proof_message(r.c.challenge, session, req.name, req.lease_s,
+						    req.pubkey),
+				 req.proof)) {
+		m.warn_peer(PeerEvent::Auth,
+			    fmt::format("{}: BIND of volume {} refused: wrong proof of its volume "
+					"key {} (EPERM)",
+					r.c.peer, name, hex(req.pubkey)));
+		return reply(m, r, EPERM);
+	}
 	if (req.lease_s > m.opts_.max_lease_s) { // --max-lease: refused before anything changes
 		m.warn_peer(PeerEvent::Limit,
 			    fmt::format("{}: BIND of volume {} refused (ERANGE): lease {} s is over "
@@ -260,6 +271,10 @@ Memserver::Next Memserver::Handlers::bind(Memserver &m, Request &r)
 					r.c.peer, name, req.lease_s, m.opts_.max_lease_s));
 		return reply(m, r, ERANGE);
 	}
+	// Scoped to the cluster key the peer proved it holds and to the volume key: another key
+	// of either kind never matches (no takeover, no planting).
+	const std::string scoped =
+		fmt::format("{:016x}/{}/{}", r.c.auth.key_id(), name, hex(req.pubkey));
 	const Bound b = m.bind_volume(session, scoped, name, req.lease_s);
 	if (b.bind.err == EBUSY) {
 		log->warn("{}: volume {} refused: session of {} still has live connections "

@@ -427,6 +427,31 @@ long long ms(std::chrono::milliseconds t)
 	return static_cast<long long>(t.count());
 }
 
+// A header with our magic and another protocol version: a client of another rdmaswap release.
+bool peer_of_other_version(std::span<const std::byte, proto::kHeaderSize> h)
+{
+	const uint32_t magic = uint32_t(h[0]) | uint32_t(h[1]) << 8 | uint32_t(h[2]) << 16 |
+			       uint32_t(h[3]) << 24;
+	return magic == proto::kMagic && uint8_t(h[4]) != proto::kVersion;
+}
+
+// The answer to it before the connection is closed: an error response of our version, which
+// its header decoder refuses as an unsupported version (a clear protocol error on its side,
+// rather than a connection reset).
+std::array<std::byte, proto::kHeaderSize>
+version_refusal(std::span<const std::byte, proto::kHeaderSize> h)
+{
+	proto::Header r;
+	r.op = proto::Op(uint8_t(h[5]));
+	r.flags = proto::kFlagResponse;
+	r.status = EPROTONOSUPPORT;
+	for (int i = 0; i < 8; i++)
+		r.request_id |= uint64_t(h[16 + size_t(i)]) << (8 * i);
+	std::array<std::byte, proto::kHeaderSize> out;
+	proto::encode_header(r, out);
+	return out;
+}
+
 } // namespace
 
 Memserver::Next Memserver::Handlers::reply(Memserver &m, Request &r, uint32_t status,
@@ -552,6 +577,9 @@ void Memserver::serve(Conn &c)
 		if (!st.ok || h.is_response()) {
 			warn_peer(PeerEvent::Protocol, c.peer + ": malformed message (" +
 				  (st.ok ? "unexpected response" : st.error) + "); disconnecting");
+			if (!st.ok && peer_of_other_version(hdr)) // tell it: it reports EPROTO
+				send_all_until(fd, version_refusal(hdr).data(), proto::kHeaderSize,
+					       deadline);
 			break;
 		}
 		std::array<std::byte, proto::kMaxFixedBody> body;

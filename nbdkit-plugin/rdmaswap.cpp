@@ -32,6 +32,7 @@
 #include "common/swap_safety.h"
 #include "common/tcp/rpc.h"
 #include "common/volume.h"
+#include "common/volume_key.h"
 
 // nbdkit -D rdmaswap.debug=1: the plugin's loggers log at debug level (default: info). nbdkit
 // prints debug and info messages only with -v. A debug flag (see nbdkit-plugin(3), "Debug
@@ -76,6 +77,8 @@ struct Config {
 	std::shared_ptr<const AuthKey> auth_key; // auth-key=; null only with insecure=true
 	bool insecure = false;
 	std::string volume;    // volume=; default: default_volume_name()
+	std::string volume_key_path; // volume-key=; default: default_volume_key_path()
+	std::shared_ptr<const VolumeKey> volume_key; // derived for `volume` in config_complete
 	unsigned lease = 60;   // lease=SECONDS; 0: nothing survives the plugin
 	unsigned realtime = 1; // realtime=PRIORITY: SCHED_RR priority of nbdkit's threads; 0: off
 	bool realtime_set = false;
@@ -284,6 +287,16 @@ int rdmaswap_config(const char *key, const char *value)
 			return -1;
 		}
 		g_cfg.volume = value;
+	} else if (k == "volume-key") {
+		if (!*value) {
+			nbdkit_error("rdmaswap: volume-key= needs a path");
+			return -1;
+		}
+		char *abs = nbdkit_absolute_path(value);
+		if (!abs)
+			return -1;
+		g_cfg.volume_key_path = abs;
+		std::free(abs);
 	} else if (k == "lease") {
 		if (nbdkit_parse_unsigned("lease", value, &g_cfg.lease) < 0)
 			return -1;
@@ -353,7 +366,24 @@ int rdmaswap_config_complete()
 			std::strcpy(host, "localhost");
 		g_cfg.volume = default_volume_name(host, g_cfg.size, g_cfg.servers);
 	}
-	nbdkit_debug("rdmaswap: volume=%s lease=%u", g_cfg.volume.c_str(), g_cfg.lease);
+	// The volume key: read (or made) before the fork, once the volume's name is known.
+	try {
+		if (g_cfg.volume_key_path.empty())
+			g_cfg.volume_key_path = default_volume_key_path();
+		bool created = false;
+		g_cfg.volume_key =
+			VolumeKey::load_or_create(g_cfg.volume_key_path, g_cfg.volume, &created);
+		if (created)
+			logger("client")->info("volume key {} created (mode 0600): keep it; only this "
+					       "host can reattach its volumes with it",
+					       g_cfg.volume_key_path);
+	} catch (const std::exception &e) {
+		nbdkit_error("rdmaswap: volume-key=%s: %s", g_cfg.volume_key_path.c_str(), e.what());
+		return -1;
+	}
+	nbdkit_debug("rdmaswap: volume=%s lease=%u volume-key=%s (public key %s)",
+		     g_cfg.volume.c_str(), g_cfg.lease, g_cfg.volume_key_path.c_str(),
+		     hex(g_cfg.volume_key->public_key()).c_str());
 	return 0;
 }
 
@@ -458,14 +488,27 @@ int rdmaswap_after_fork()
 			o.auth_key = g_cfg.auth_key;
 			o.volume = g_cfg.volume;
 			o.lease_s = g_cfg.lease;
-			servers.push_back(std::make_unique<RemoteServer>(o));
+			o.volume_key = g_cfg.volume_key;
+			try {
+				servers.push_back(std::make_unique<RemoteServer>(o));
+			} catch (const VolumeProofRefused &e) {
+				// Failed for this volume, like an unreachable donor: never served.
+				nbdkit_error("rdmaswap: %s", e.what());
+			}
+		}
+		if (servers.size() < g_cfg.replicas) {
+			nbdkit_error("rdmaswap: %zu of %zu memservers usable for volume %s, replicas=%u "
+				     "needs %u",
+				     servers.size(), g_cfg.servers.size(), g_cfg.volume.c_str(),
+				     g_cfg.replicas, g_cfg.replicas);
+			return -1;
 		}
 		VolumeOptions vo;
 		vo.size = g_cfg.size;
 		vo.channels = g_cfg.channels;
 		vo.timeout = g_cfg.timeout;
 		vo.replicas = g_cfg.replicas;
-		vo.missing_servers = unsigned(g_cfg.servers.size() - g_reachable.size());
+		vo.missing_servers = unsigned(g_cfg.servers.size() - servers.size());
 		g_volume = std::make_unique<Volume>(std::move(servers), vo);
 	} catch (const std::exception &e) {
 		nbdkit_error("rdmaswap: %s", e.what());
@@ -567,6 +610,10 @@ struct nbdkit_plugin make_plugin()
 			"insecure=true       memservers run with --insecure (no authentication)\n"
 			"volume=NAME         the volume's id on the memservers (default: derived\n"
 			"                    from host name, size and servers)\n"
+			"volume-key=FILE     this host's secret that owns its volumes (created\n"
+			"                    if missing; default $STATE_DIRECTORY/volume.key,\n"
+			"                    /var/lib/rdmaswap/volume.key as root, else\n"
+			"                    ~/.local/state/rdmaswap/volume.key)\n"
 			"lease=SECONDS       keep the slabs this long after nbdkit exits, for a\n"
 			"                    restarted nbdkit to reattach (default 60; 0: free them)\n"
 			"realtime=PRIORITY   SCHED_RR priority of nbdkit's threads, so that they may\n"

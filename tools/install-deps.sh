@@ -9,7 +9,7 @@ build=(gcc g++ meson ninja-build pkg-config nbdkit-plugin-dev libibverbs-dev lib
        libspdlog-dev libcli11-dev catch2 libssl-dev clang libclang-rt-14-dev)
 tests=(libnbd-bin python3-libnbd fio qemu-system-x86 linux-image-amd64 busybox-static cpio
        ibverbs-utils rdmacm-utils perftest procps psmisc util-linux python3
-       systemd man-db groff-base cryptsetup-bin nftables)
+       systemd man-db groff-base cryptsetup-bin nftables python3-cryptography)
 want=("${runtime[@]}")
 [ "${1:-}" = "--runtime" ] || want+=("${build[@]}" "${tests[@]}")
 missing=()

@@ -112,6 +112,9 @@ std::string connect_error_text(int err)
 		return "no answer within the timeout (or an answer too slow to finish within it)";
 	case ECANCELED:
 		return "stopped (shutting down)";
+	case ECONNRESET:
+		return "connection closed by the memserver (at its --max-connections limit, or a "
+		       "memserver of another rdmaswap protocol version: its log says which)";
 	case EOPNOTSUPP:
 		return "the memserver runs without authentication (--insecure) but we have an "
 		       "auth-key=: refusing an unauthenticated server";
@@ -127,7 +130,8 @@ ControlClient::ControlClient(SockAddr addr, std::chrono::milliseconds timeout,
 }
 
 Fd join_session(const SockAddr &addr, Deadline deadline, const AuthKey *key, uint64_t session_id,
-		uint64_t token, bool want_rdma, uint64_t replaces, uint64_t &conn_id, int &err)
+		uint64_t token, bool want_rdma, uint64_t replaces, uint64_t &conn_id, int &err,
+		Challenge *challenge)
 {
 	Fd fd = connect_memserver(addr, deadline, key, nullptr, err);
 	if (!fd)
@@ -149,6 +153,8 @@ Fd join_session(const SockAddr &addr, Deadline deadline, const AuthKey *key, uin
 		return {};
 	}
 	conn_id = r.conn_id;
+	if (challenge)
+		*challenge = r.challenge;
 	return fd;
 }
 
@@ -164,7 +170,7 @@ int ControlClient::ensure_connected(Deadline deadline)
 		return err;
 	}
 	fd_ = join_session(addr_, deadline, key_.get(), session_id_, token_, want_rdma_, conn_id_,
-			   conn_id_, err);
+			   conn_id_, err, &challenge_);
 	if (err == ENOENT)
 		lost_.store(true);
 	return err;
@@ -178,6 +184,12 @@ int ControlClient::call(proto::Op op, std::span<const std::byte> body, std::span
 	const Deadline deadline = deadline_after(timeout_);
 	if (int r = ensure_connected(deadline))
 		return r;
+	return exchange(op, body, reply, reply_len, deadline);
+}
+
+int ControlClient::exchange(proto::Op op, std::span<const std::byte> body,
+			    std::span<std::byte> reply, size_t *reply_len, Deadline deadline)
+{
 	bool in_step = false;
 	const int r = reply_len ? rpc_var(fd_.get(), next_id_++, op, body, reply, *reply_len,
 					  deadline, &in_step)
@@ -208,6 +220,7 @@ int ControlClient::open_session(bool want_rdma, proto::HelloReply &out)
 	session_id_ = out.session_id;
 	token_ = out.token;
 	conn_id_ = out.conn_id;
+	challenge_ = out.challenge;
 	return 0;
 }
 
@@ -247,17 +260,34 @@ int ControlClient::stats(proto::StatsReply &out)
 	return call_decode<proto::kStatsReplySize>(proto::Op::Stats, {}, out);
 }
 
-int ControlClient::bind(const std::string &volume, uint32_t lease_s, proto::BindReply &out)
+int ControlClient::bind(const VolumeKey &key, uint32_t lease_s, proto::BindReply &out)
 {
+	const std::string &volume = key.name();
 	if (!proto::valid_volume_name(volume))
 		return EINVAL;
 	std::lock_guard lock(mu_);
+	const Deadline deadline = deadline_after(timeout_);
+	// Connected first: the proof signs the challenge of the connection it goes out on.
+	if (int r = ensure_connected(deadline))
+		return r;
+	if (session_id_ == 0)
+		return EINVAL; // no session to bind (open_session first)
 	proto::BindRequest req;
 	std::copy(volume.begin(), volume.end(), req.name.begin());
 	req.lease_s = lease_s;
+	req.pubkey = key.public_key();
+	req.proof = key.sign(
+		bind_proof_message(challenge_, session_id_, req.name, lease_s, req.pubkey));
 	std::array<std::byte, proto::kBindRequestSize> body;
 	proto::encode(req, body);
-	return call_decode<proto::kBindReplySize>(proto::Op::Bind, body, out);
+	std::array<std::byte, proto::kBindReplySize> reply;
+	if (int r = exchange(proto::Op::Bind, body, reply, nullptr, deadline))
+		return r;
+	if (!proto::decode(reply, out).ok) {
+		fd_.reset();
+		return EPROTO;
+	}
+	return 0;
 }
 
 int ControlClient::alloc_tagged(uint64_t chunk, uint64_t epoch, proto::AllocReply &out)

@@ -15,6 +15,7 @@
 #include "common/auth.h"
 #include "common/protocol.h"
 #include "common/tcp/socket.h"
+#include "common/volume_key.h"
 
 namespace rdmaswap {
 
@@ -66,7 +67,10 @@ public:
 	// STATS needs no session: usable right after construction.
 	int stats(proto::StatsReply &reply);
 	// Reattach (protocol.h): BIND, ALLOC_TAGGED, SET_TAG. 0 or errno.
-	int bind(const std::string &volume, uint32_t lease_s, proto::BindReply &reply);
+	// BIND binds the session to volume key.name() and proves it holds `key`: the proof signs
+	// the challenge of the connection the request goes out on (after any reconnect) and our
+	// session id. EPERM: the server refused the proof.
+	int bind(const VolumeKey &key, uint32_t lease_s, proto::BindReply &reply);
 	int alloc_tagged(uint64_t chunk, uint64_t epoch, proto::AllocReply &reply);
 	int set_tag(uint32_t slab_id, uint64_t chunk, uint64_t epoch);
 	// One VOLUME_LIST page into `out` (resized to the entries). 0 or errno. Control path
@@ -100,6 +104,9 @@ private:
 		 size_t *reply_len = nullptr);
 	// GIVEBACK or LEND of `bytes`. 0 or errno.
 	int capacity_call(proto::Op op, uint64_t bytes, proto::GiveBackReply &out);
+	// The exchange part of call(), on the connection ensure_connected() made, by `deadline`.
+	int exchange(proto::Op op, std::span<const std::byte> body, std::span<std::byte> reply,
+		     size_t *reply_len, Deadline deadline);
 	// One VOLUME_LIST page of `what` from `start` into `out` (at most `max` entries). 0 or errno.
 	template <typename Entry>
 	int list_page(proto::ListWhat what, uint64_t start, size_t max, std::vector<Entry> &out);
@@ -131,6 +138,7 @@ private:
 	Mac attach_{};
 	bool want_rdma_ = false;
 	uint64_t conn_id_ = 0;
+	Challenge challenge_{}; // of the current connection's HELLO reply (BIND signs it)
 	std::atomic<bool> lost_{false};    // written under mu_, read by anyone
 	std::atomic<bool> unknown_{false}; // set by anyone, cleared by the owner of the outcome
 	std::vector<std::byte> list_buf_; // LIST replies (sized once, at the first list())
@@ -138,9 +146,11 @@ private:
 
 // Connect a new socket (authenticated with `key` unless null) and join an existing session
 // with HELLO, fencing connection `replaces` (0: none), the whole handshake (connect, AUTH,
-// AUTH_PROOF, HELLO) done by `deadline`. Returns the socket (its id in `conn_id`), or an invalid
-// Fd with `err` set (ENOENT: the server does not know the session; else as connect_memserver).
+// AUTH_PROOF, HELLO) done by `deadline`. Returns the socket (its id in `conn_id`, the HELLO
+// reply's challenge in `challenge` unless null), or an invalid Fd with `err` set (ENOENT: the
+// server does not know the session; else as connect_memserver).
 Fd join_session(const SockAddr &addr, Deadline deadline, const AuthKey *key, uint64_t session_id,
-		uint64_t token, bool want_rdma, uint64_t replaces, uint64_t &conn_id, int &err);
+		uint64_t token, bool want_rdma, uint64_t replaces, uint64_t &conn_id, int &err,
+		Challenge *challenge = nullptr);
 
 } // namespace rdmaswap

@@ -3,16 +3,21 @@
 // decode_header on the first 32 bytes, then, for a header it accepts, the body decoder(s) of
 // that op on the bytes that follow, as the memserver (requests) and the client (replies) call
 // them; then what the memserver does with a decoded request that needs no socket: the slab
-// range check of READ/WRITE (SlabPool::begin_access) and the AUTH handshake (common/auth.h).
+// range check of READ/WRITE (SlabPool::begin_access), the AUTH handshake (common/auth.h) and
+// the check of a BIND's volume key proof (common/volume_key.h).
 //
 // Properties checked besides "no crash, no UB, no leak":
 // - every decoder only accepts exactly its body size, and what it accepts re-encodes to the
 //   same bytes (so decode is the inverse of encode on valid input);
 // - an accepted header re-encodes to the same 32 bytes and its body_len fits the op;
 // - begin_access only returns memory inside the slab it was asked for;
-// - no AUTH_PROOF or server MAC made of fuzzed bytes is ever accepted.
+// - no AUTH_PROOF or server MAC made of fuzzed bytes is ever accepted;
+// - no BIND proof made of fuzzed bytes verifies under a volume's real public key (one derived
+//   from a secret), whatever name, lease and challenge it claims; a HELLO reply without a
+//   challenge is refused.
 // Every body decoder also runs on the bytes after the header whatever the header says, so the
 // decoders' own size checks are fuzzed too, not only the header's.
+#include <algorithm>
 #include <array>
 #include <cstddef>
 #include <cstdint>
@@ -24,6 +29,7 @@
 
 #include "common/auth.h"
 #include "common/protocol.h"
+#include "common/volume_key.h"
 #include "memserver/slab_pool.h"
 #include "tests/fuzz/fuzz_check.h"
 
@@ -113,6 +119,32 @@ void check_auth_request(const AuthRequest &req, Bytes proof_bytes)
 	}
 }
 
+// The memserver's check of a BIND: the proof against the request's own public key (as the
+// memserver does; a public key of small order, which no volume key derives, lets any
+// signature through, so nothing is asserted there), then against the public key of a real
+// volume key: never valid, whatever challenge and session the fuzzer picked.
+void check_bind(const BindRequest &req, Bytes rest)
+{
+	static const VolumeKey *owner = [] {
+		std::array<std::byte, 32> b{};
+		for (size_t i = 0; i < b.size(); i++)
+			b[i] = std::byte(0x5a ^ i);
+		return new VolumeKey(AuthKey(b), "fuzz-volume");
+	}();
+	Challenge c{};
+	std::memcpy(c.data(), rest.data(), std::min(rest.size(), c.size()));
+	uint64_t session = 0;
+	if (rest.size() >= c.size() + 8)
+		std::memcpy(&session, rest.data() + c.size(), 8);
+	(void)verify_volume_proof(req.pubkey,
+				  bind_proof_message(c, session, req.name, req.lease_s, req.pubkey),
+				  req.proof);
+	FUZZ_CHECK(!verify_volume_proof(
+		owner->public_key(),
+		bind_proof_message(c, session, req.name, req.lease_s, owner->public_key()),
+		req.proof));
+}
+
 // The client side: a server answer made of fuzzed bytes must not pass.
 void check_auth_reply(const AuthReply &r)
 {
@@ -185,7 +217,8 @@ void decode_everything(Bytes body)
 			   (hr.session_id == 0) == (hr.token == 0));
 	if (decode_roundtrip(body, kHelloReplySize, hrr))
 		FUZZ_CHECK(hrr.slabs_free <= hrr.slabs_total && hrr.max_io <= kMaxIo &&
-			   hrr.max_io > 0 && hrr.slab_size >= 4096);
+			   hrr.max_io > 0 && hrr.slab_size >= 4096 &&
+			   hrr.challenge != decltype(hrr.challenge){});
 	if (decode_roundtrip(body, kAllocReplySize, alr))
 		FUZZ_CHECK(alr.length > 0 && alr.addr + alr.length >= alr.addr);
 	decode_roundtrip(body, kFreeRequestSize, fr);
@@ -242,7 +275,8 @@ void decode_as(const Header &h, Bytes body)
 		}
 		case Op::Bind: {
 			BindRequest req;
-			decode_roundtrip(b, fixed, req);
+			if (decode_roundtrip(b, fixed, req))
+				check_bind(req, body.subspan(fixed));
 			break;
 		}
 		case Op::AllocTagged: {

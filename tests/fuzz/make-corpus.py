@@ -48,7 +48,8 @@ requests = {
     "stats": msg(w.STATS),
     "list": msg(w.LIST),
     # Reattach (ops 8-11) and give-back (12-14).
-    "bind": msg(BIND, b"host-1073741824-0a1b2c3d".ljust(64, b"\0") + struct.pack("<II", 60, 0)),
+    "bind": msg(BIND, b"host-1073741824-0a1b2c3d".ljust(64, b"\0") + struct.pack("<II", 60, 0) +
+                bytes(range(64, 96)) + bytes(range(96, 160))),  # public key, proof
     "alloc-tagged": msg(ALLOC_TAGGED, struct.pack("<QQ", 5, 2)),
     "set-tag": msg(SET_TAG, struct.pack("<IIQQ", 3, 0, 5, 3)),
     "set-floor": msg(SET_TAG, struct.pack("<IIQQ", 0xFFFFFFFF, 0, 5, 3)),
@@ -62,7 +63,7 @@ replies = {
     "auth": reply(w.AUTH, nonce + mac),
     "auth-proof": reply(w.AUTH_PROOF),
     "hello": reply(w.HELLO, struct.pack("<QQQIIIIQ", 0x1111, 0x2222, 1 << 28, 16, 15,
-                                        1 << 20, 1, 5)),
+                                        1 << 20, 1, 5) + bytes(range(160, 192))),  # challenge
     "alloc": reply(w.ALLOC, struct.pack("<IIQQII", 3, 0x1234, 0x7F0000000000, 1 << 28, 12, 0)),
     "free": reply(w.FREE),
     "read": reply(w.READ, b"x" * 64),
@@ -86,6 +87,15 @@ replies = {
     "wanted": reply(WANTED, struct.pack("<III", 2, 3, 7)),
     "giveback-status": reply(GIVEBACK_STATUS, struct.pack("<IIIIII", 0, 0, 4, 2, 64, 0)),
 }
+# A BIND whose proof is valid (for its own public key) over the challenge and session id that
+# follow it: the fuzzer's check_bind reads them from the bytes after the body.
+vk = w.VolumeKey(b"seed volume secret, 32 bytes!!!", "seed-volume")
+challenge, session = bytes(range(200, 232)), 0x1111
+requests["bind-signed"] = msg(BIND, b"seed-volume".ljust(64, b"\0") + struct.pack("<II", 60, 0) +
+                              vk.public +
+                              vk.sign(w.bind_message(challenge, session, "seed-volume", 60,
+                                                     vk.public))) + \
+    challenge + struct.pack("<Q", session)
 for name, data in requests.items():
     write("fuzz-protocol", "req-" + name, data)
 for name, data in replies.items():

@@ -70,6 +70,10 @@ make_key "$AUTH_KEY"
 # ctl_giveback and ctl_lend use it.
 export ADMIN_KEY="$tmpdir/admin.key"
 make_key "$ADMIN_KEY"
+# The plugin's default volume key (no volume-key=) is $STATE_DIRECTORY/volume.key, created on
+# first use: here in the test's directory, never in /var/lib or the user's home. Every nbdkit of
+# a test shares it (one host), so a restarted nbdkit reattaches its volume.
+export STATE_DIRECTORY="$tmpdir/state"
 
 # A sanitizer build of the plugin cannot be loaded into Debian's (uninstrumented) nbdkit unless
 # the sanitizer's runtime is loaded first: meson sets RDMASWAP_NBDKIT_PRELOAD to

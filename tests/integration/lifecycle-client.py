@@ -25,6 +25,7 @@ import rdmaswap_wire as wire
 
 host, port, key = sys.argv[1], int(sys.argv[2]), wire.load_key(sys.argv[3])
 logfile, pause = sys.argv[4], float(sys.argv[5])
+volume_secret = os.urandom(32)  # this client's volume key (one host: every bind proves it)
 failures = []
 
 
@@ -53,7 +54,7 @@ def bound_session(volume, nslabs):
     """A new session bound to `volume` (lease 30 s) with `nslabs` slabs, each written with its
     own pattern. Returns (socket, hello reply, {slab: bytes})."""
     s, info = wire.session(host, port, key)
-    st, _ = wire.bind(s, volume, 30)
+    st, _ = wire.bind(s, info, wire.VolumeKey(volume_secret, volume), 30)
     if st:
         raise RuntimeError("BIND %s: errno %d" % (volume, st))
     slab = info["slab_size"]
@@ -112,10 +113,10 @@ def takeover():
     s1.close()
     check(wait_log("lifecycle pause of %d ms in the detach of session %016x"
                    % (pause * 1000, sid)), "takeover: no lifecycle pause in the memserver's log")
-    s3, _ = wire.session(host, port, key)
+    s3, info3 = wire.session(host, port, key)
     s3.settimeout(2 * pause + 20)
     t0 = time.monotonic()
-    st, rep = wire.bind(s3, "race-takeover", 30)
+    st, rep = wire.bind(s3, info3, wire.VolumeKey(volume_secret, "race-takeover"), 30)
     took = time.monotonic() - t0
     check(st == 0, "takeover: BIND answered errno %d" % st)
     check(rep.get("reattached") == 1, "takeover: BIND did not take the volume over: %s" % rep)

@@ -1,17 +1,18 @@
 # SPDX-License-Identifier: MIT
-# The rdmaswap wire protocol (common/protocol.h) and its authentication (common/auth.h) in a few
-# lines of Python, for test clients and impostor servers that speak it byte by byte.
+# The rdmaswap wire protocol (common/protocol.h), its authentication (common/auth.h) and volume
+# keys (common/volume_key.h) in a few lines of Python, for test clients and impostor servers that
+# speak it byte by byte. Volume keys need python3-cryptography (Ed25519).
 import hashlib
 import hmac
 import os
 import socket
 import struct
 
-MAGIC, VERSION = 0x57534452, 1
+MAGIC, VERSION = 0x57534452, 2
 HELLO, ALLOC, FREE, READ, WRITE, STATS, LIST = 1, 2, 3, 4, 5, 6, 7
 AUTH, AUTH_PROOF = 16, 17
 RESPONSE = 1
-EACCES, ENOENT = 13, 2
+EACCES, ENOENT, EPERM = 13, 2, 1
 HEADER = struct.Struct("<IBBHIIQQ")
 
 
@@ -75,13 +76,14 @@ def authenticate(s, key):
 
 
 def hello(s, session_id=0, token=0):
-    """HELLO (a new session unless given one). Returns (status, dict of the reply)."""
+    """HELLO (a new session unless given one). Returns (status, dict of the reply); its
+    `challenge` is what a BIND on this connection signs."""
     status, body = call(s, HELLO, struct.pack("<IIQQQ", VERSION, 0, session_id, token, 0))
-    if status or len(body) != 48:
+    if status or len(body) != 80:
         return status or -1, {}
-    sid, tok, slab_size, total, free, max_io, flags, conn = struct.unpack("<QQQIIIIQ", body)
+    sid, tok, slab_size, total, free, max_io, flags, conn = struct.unpack_from("<QQQIIIIQ", body)
     return 0, dict(session_id=sid, token=tok, slab_size=slab_size, slabs_total=total,
-                   slabs_free=free, max_io=max_io, conn_id=conn)
+                   slabs_free=free, max_io=max_io, conn_id=conn, challenge=body[48:80])
 
 
 def connect(host, port, timeout=10):
@@ -120,9 +122,40 @@ BIND, ALLOC_TAGGED, SET_TAG, VOLUME_LIST = 8, 9, 10, 11
 EBUSY = 16
 
 
-def bind(s, name, lease_s):
-    """BIND the session to volume `name`. Returns (status, dict of the reply)."""
-    status, body = call(s, BIND, name.encode().ljust(64, b"\0") + struct.pack("<II", lease_s, 0))
+class VolumeKey:
+    """The Ed25519 key of volume `name` derived from a host's volume secret (the bytes of its
+    volume key file, as load_key reads them): seed = HMAC(V, "rdmaswap-volume-seed-v1" | name)."""
+
+    def __init__(self, secret, name):
+        from cryptography.hazmat.primitives import serialization
+        from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+        self.name = name
+        self._key = Ed25519PrivateKey.from_private_bytes(
+            mac(secret, b"rdmaswap-volume-seed-v1", name.encode()))
+        self.public = self._key.public_key().public_bytes(serialization.Encoding.Raw,
+                                                          serialization.PublicFormat.Raw)
+
+    def sign(self, msg):
+        return self._key.sign(msg)
+
+
+def bind_message(challenge, session_id, name, lease_s, public):
+    """What a BIND's proof signs (common/volume_key.h, bind_proof_message)."""
+    return (b"rdmaswap-volume-bind-v1" + challenge + struct.pack("<Q", session_id) +
+            name.encode().ljust(64, b"\0") + struct.pack("<I", lease_s) + public)
+
+
+def bind(s, info, vkey, lease_s, name=None, public=None, proof=None):
+    """BIND the session of `info` (the HELLO reply of connection `s`) to volume vkey.name,
+    proving vkey. `name`, `public` and `proof` override what is sent (a hostile client).
+    Returns (status, dict of the reply)."""
+    name = vkey.name if name is None else name
+    public = vkey.public if public is None else public
+    if proof is None:
+        proof = vkey.sign(bind_message(info["challenge"], info["session_id"], name, lease_s,
+                                       public))
+    status, body = call(s, BIND, name.encode().ljust(64, b"\0") +
+                        struct.pack("<II", lease_s, 0) + public + proof)
     if status or len(body) != 16:
         return status or -1, {}
     reattached, slabs, detached_ms = struct.unpack("<IIQ", body)

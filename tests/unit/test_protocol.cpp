@@ -100,20 +100,25 @@ TEST_CASE("protocol: constants", "[protocol]")
 	CHECK(kHeaderSize == 32);
 	CHECK(kMaxIo == 1048576);
 	const std::array<Op, 6> ops{Op::Hello, Op::Alloc, Op::Free, Op::Read, Op::Write, Op::Stats};
-	size_t largest = 0;
 	for (Op op : ops) {
 		CHECK(request_body_size(op) >= 0);
 		CHECK(reply_body_size(op) >= 0);
-		largest = std::max({largest, size_t(request_body_size(op)), size_t(reply_body_size(op))});
 	}
+	size_t largest = 0; // over every op: BIND's request (168 bytes) is the largest body
+	for (unsigned op = 0; op < 256; op++)
+		if (request_body_size(Op(op)) >= 0)
+			largest = std::max({largest, size_t(request_body_size(Op(op))),
+					    size_t(reply_body_size(Op(op)))});
 	CHECK(largest == kMaxFixedBody);
+	CHECK(kMaxFixedBody == 168);
+	CHECK(kVersion == 2);
 	CHECK(request_body_size(Op::Hello) == 32);
 	CHECK(request_body_size(Op::Alloc) == 0);
 	CHECK(request_body_size(Op::Free) == 8);
 	CHECK(request_body_size(Op::Read) == 16);
 	CHECK(request_body_size(Op::Write) == 16);
 	CHECK(request_body_size(Op::Stats) == 0);
-	CHECK(reply_body_size(Op::Hello) == 48);
+	CHECK(reply_body_size(Op::Hello) == 80);
 	CHECK(reply_body_size(Op::Alloc) == 32);
 	CHECK(reply_body_size(Op::Free) == 0);
 	CHECK(reply_body_size(Op::Read) == 0);
@@ -134,7 +139,7 @@ TEST_CASE("protocol: header wire bytes are little-endian with magic RDSW", "[pro
 	const HeaderBytes b = encode_h(h);
 	const std::array<uint8_t, 32> expect{
 		'R', 'D', 'S', 'W',        // magic
-		0x01,                      // version
+		0x02,                      // version
 		0x05,                      // op WRITE
 		0x01, 0x00,                // flags
 		0x00, 0x00, 0x00, 0x00,    // status
@@ -226,7 +231,7 @@ TEST_CASE("protocol: malformed headers are rejected", "[protocol]")
 	}
 	SECTION("bad version")
 	{
-		for (uint8_t v : {0, 2, 255}) {
+		for (uint8_t v : {0, 1, 3, 255}) { // 1: a peer of the protocol before volume keys
 			HeaderBytes b = valid_request_bytes();
 			b[4] = std::byte{v};
 			CHECK(rejected(b));
@@ -390,7 +395,7 @@ TEST_CASE("protocol: body round trips", "[protocol]")
 		m.session_id = 0x1122334455667788ull;
 		m.token = 0x99aabbccddeeff00ull;
 		auto b = enc<HelloRequest, kHelloRequestSize>(m);
-		CHECK(uint8_t(b[0]) == 1);
+		CHECK(uint8_t(b[0]) == kVersion);
 		CHECK(uint8_t(b[4]) == 1);
 		CHECK(uint8_t(b[8]) == 0x88);
 		CHECK(uint8_t(b[15]) == 0x11);
@@ -423,9 +428,13 @@ TEST_CASE("protocol: body round trips", "[protocol]")
 		m.max_io = kMaxIo;
 		m.server_flags = kServerRdma;
 		m.conn_id = 0x1122334455667788ull;
+		for (size_t i = 0; i < m.challenge.size(); i++)
+			m.challenge[i] = std::byte(0xa0 + i);
 		auto b = enc<HelloReply, kHelloReplySize>(m);
 		CHECK(uint8_t(b[0]) == 0x08);
 		CHECK(uint8_t(b[40]) == 0x88); // conn_id after server_flags
+		CHECK(uint8_t(b[48]) == 0xa0); // the challenge after conn_id, to the end
+		CHECK(uint8_t(b[79]) == 0xa0 + 31);
 		CHECK(uint8_t(b[16 + 5]) == 0x01); // slab size 1<<40: byte 5
 		CHECK(uint8_t(b[28]) == 0x78);
 		CHECK(uint8_t(b[32 + 2]) == 0x10); // max_io 0x100000
@@ -433,6 +442,7 @@ TEST_CASE("protocol: body round trips", "[protocol]")
 		HelloReply d;
 		REQUIRE(decode(std::span<const std::byte>(b), d).ok);
 		CHECK(d.conn_id == m.conn_id);
+		CHECK(d.challenge == m.challenge);
 		CHECK(d.session_id == m.session_id);
 		CHECK(d.token == m.token);
 		CHECK(d.slab_size == m.slab_size);
@@ -559,6 +569,7 @@ TEST_CASE("protocol: body decoders reject spans of the wrong size", "[protocol]"
 	hr.slabs_free = 4;
 	hr.max_io = 4096;
 	hr.conn_id = 3;
+	hr.challenge[7] = std::byte{1};
 	check_wrong_sizes<HelloReply>(vec(enc<HelloReply, kHelloReplySize>(hr)), kHelloReplySize);
 	AllocReply ar;
 	ar.length = 65536;
@@ -616,7 +627,8 @@ TEST_CASE("protocol: body decoders reject out-of-range fields", "[protocol]")
 		CHECK_FALSE(dec(kVersion, 0, 5, 0)); // session without token
 		CHECK_FALSE(dec(kVersion, 0, 0, 6)); // token without session
 		CHECK_FALSE(dec(0, 0, 0, 0));
-		CHECK_FALSE(dec(2, 0, 0, 0));
+		CHECK_FALSE(dec(1, 0, 0, 0)); // the protocol before volume keys
+		CHECK_FALSE(dec(3, 0, 0, 0));
 	}
 	SECTION("HelloReply")
 	{
@@ -630,6 +642,7 @@ TEST_CASE("protocol: body decoders reject out-of-range fields", "[protocol]")
 			m.max_io = 256 * 1024;
 			m.server_flags = 0;
 			m.conn_id = 12;
+			m.challenge[31] = std::byte{9};
 			return m;
 		};
 		auto dec = [](const HelloReply &m) {
@@ -639,6 +652,9 @@ TEST_CASE("protocol: body decoders reject out-of-range fields", "[protocol]")
 		};
 		CHECK(dec(base()));
 		HelloReply m = base();
+		m.challenge = {}; // a server must give every connection a challenge
+		CHECK_FALSE(dec(m));
+		m = base();
 		m.slab_size = 4096;
 		CHECK(dec(m));
 		for (uint64_t bad : {uint64_t(0), uint64_t(2048), uint64_t(65535), uint64_t(65536 + 4096),
@@ -766,6 +782,7 @@ TEST_CASE("protocol: HELLO replaces round-trips; a replacement outside a session
 	r.token = 2;
 	r.slab_size = 65536;
 	r.max_io = 4096;
+	r.challenge[0] = std::byte{1};
 	r.conn_id = 0; // a server must name the connection
 	std::array<std::byte, kHelloReplySize> rb;
 	encode(r, rb);

@@ -63,7 +63,7 @@ TEST_CASE("reattach: op numbers, body sizes and header checks of ops 8-11", "[re
 	CHECK(uint8_t(Op::AllocTagged) == 9);
 	CHECK(uint8_t(Op::SetTag) == 10);
 	CHECK(uint8_t(Op::VolumeList) == 11);
-	CHECK(proto::request_body_size(Op::Bind) == 72);
+	CHECK(proto::request_body_size(Op::Bind) == 168); // name, lease, reserved, pubkey, proof
 	CHECK(proto::request_body_size(Op::AllocTagged) == 16);
 	CHECK(proto::request_body_size(Op::SetTag) == 24);
 	CHECK(proto::request_body_size(Op::VolumeList) == 16);
@@ -71,8 +71,9 @@ TEST_CASE("reattach: op numbers, body sizes and header checks of ops 8-11", "[re
 	CHECK(proto::reply_body_size(Op::AllocTagged) == 32);
 	CHECK(size_t(proto::request_body_size(Op::Bind)) <= proto::kMaxFixedBody);
 	CHECK(std::string(proto::op_name(Op::VolumeList)) == "VOLUME_LIST");
-	CHECK(header_ok(make_header(Op::Bind, false, 72)));
-	CHECK_FALSE(header_ok(make_header(Op::Bind, false, 71)));
+	CHECK(header_ok(make_header(Op::Bind, false, 168)));
+	CHECK_FALSE(header_ok(make_header(Op::Bind, false, 167)));
+	CHECK_FALSE(header_ok(make_header(Op::Bind, false, 72))); // the BIND before volume keys
 	CHECK(header_ok(make_header(Op::VolumeList, true, 4 + 32)));
 	CHECK(header_ok(make_header(Op::VolumeList, true, 4 + 160)));
 	CHECK_FALSE(header_ok(make_header(Op::VolumeList, true, 3)));
@@ -112,12 +113,22 @@ TEST_CASE("reattach: message round trips and rejections", "[reattach][protocol]"
 	proto::BindRequest br;
 	std::memcpy(br.name.data(), "vol-1", 5);
 	br.lease_s = 60;
+	for (size_t i = 0; i < br.pubkey.size(); i++)
+		br.pubkey[i] = std::byte(0x40 + i);
+	for (size_t i = 0; i < br.proof.size(); i++)
+		br.proof[i] = std::byte(0x80 + i);
 	std::array<std::byte, proto::kBindRequestSize> bb;
 	proto::encode(br, bb);
+	CHECK(bb[64] == std::byte{60});     // lease_s after the name
+	CHECK(bb[72] == std::byte{0x40});   // the public key after lease and reserved
+	CHECK(bb[104] == std::byte{0x80});  // then the proof, to the end
+	CHECK(bb[167] == std::byte{0x80 + 63});
 	proto::BindRequest br2;
 	REQUIRE(proto::decode(bb, br2).ok);
 	CHECK(std::string(br2.name.data()) == "vol-1");
 	CHECK(br2.lease_s == 60);
+	CHECK(br2.pubkey == br.pubkey);
+	CHECK(br2.proof == br.proof);
 	// Bytes after the NUL must be NUL; an empty name or a space is refused.
 	auto bad = bb;
 	bad[10] = std::byte('z');

@@ -272,6 +272,7 @@ private:
 			hello.slabs_total = hello.slabs_free = 8;
 			hello.max_io = proto::kMaxIo;
 			hello.conn_id = 1;
+			hello.challenge[0] = std::byte{1};
 			proto::Header rh;
 			rh.op = h.op;
 			rh.flags = proto::kFlagResponse;
