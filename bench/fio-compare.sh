@@ -39,6 +39,7 @@ RDMASWAP_ARGS=${RDMASWAP_ARGS:-}
 REPEAT=${REPEAT:-1}
 ROWS=${ROWS:-"randread:4k:1 randwrite:4k:1 randread:4k:32 randwrite:4k:32 randread:32k:32 randwrite:128k:32"}
 out=${OUT:-$(mktemp -d -t rdmaswap-bench.XXXXXX)}
+export STATE_DIRECTORY="$out/state" # the plugin's default volume key: here, not in /var/lib
 mkdir -p "$out"
 rm -f "$out/rdmaswap.sock" "$out/memory.sock"
 hz=$(getconf CLK_TCK)

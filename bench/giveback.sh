@@ -10,6 +10,7 @@ build=$(cd "${1:?usage: $0 BUILD_DIR [SIZE_MIB] [SLAB]}" && pwd)
 mib=${2:-256} slab=${3:-16M}
 export PATH=/usr/bin:/usr/sbin:$PATH
 tmp=$(mktemp -d)
+export STATE_DIRECTORY="$tmp/state" # the plugin's default volume key: here, not in /var/lib
 pids=()
 trap 'for p in "${pids[@]}"; do kill $p 2>/dev/null || true; done; rm -rf "$tmp"' EXIT
 ports=()

@@ -10,6 +10,7 @@ build=$(cd "${1:?usage: $0 BUILD_DIR [kill|stop] [SIZE_MIB] [SLAB] [TIMEOUT_S]}"
 how=${2:-kill} mib=${3:-512} slab=${4:-64M} tmo=${5:-3}
 export PATH=/usr/bin:/usr/sbin:$PATH
 tmp=$(mktemp -d)
+export STATE_DIRECTORY="$tmp/state" # the plugin's default volume key: here, not in /var/lib
 pids=()
 trap 'for p in "${pids[@]}"; do kill -CONT $p 2>/dev/null || true; kill $p 2>/dev/null || true; done; rm -rf "$tmp"' EXIT
 ports=()

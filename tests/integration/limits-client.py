@@ -40,8 +40,18 @@ def session_from(src, timeout=10):
     st = wire.authenticate(s, key)
     if st:
         return s, st
-    st, _ = wire.hello(s)
+    st, info = wire.hello(s)
+    _hello_info[s] = info
     return s, st
+
+
+_hello_info = {}      # socket -> its HELLO reply (what a BIND on it signs)
+_secret = os.urandom(32)  # this client's volume key
+
+
+def bind(s, name, lease_s):
+    """BIND the session of connection `s` to `name`, with a valid proof of our volume key."""
+    return wire.bind(s, _hello_info[s], wire.VolumeKey(_secret, name), lease_s)
 
 
 def set_floor(s, chunk, epoch):
@@ -51,10 +61,10 @@ def set_floor(s, chunk, epoch):
 def refusals(max_lease, max_floors, max_sessions):
     s, st = session_from("127.0.0.1")
     check(st == 0, "HELLO answered %d" % st)
-    st, _ = wire.bind(s, "limits-big-lease", max_lease + 1)
+    st, _ = bind(s, "limits-big-lease", max_lease + 1)
     check(st == ERANGE, "BIND with lease %d (--max-lease %d) answered %d, want ERANGE"
           % (max_lease + 1, max_lease, st))
-    st, _ = wire.bind(s, "limits-vol", max_lease)
+    st, _ = bind(s, "limits-vol", max_lease)
     check(st == 0, "BIND with lease %d (= --max-lease) answered %d" % (max_lease, st))
     # Floors: pipelined, so that a large limit takes no round trip per floor.
     batch = 256
@@ -171,7 +181,7 @@ def floors(sessions, count, lease):
     for k in range(int(sessions)):
         s, st = session_from("127.0.0.1")
         check(st == 0, "HELLO answered %d" % st)
-        st, _ = wire.bind(s, "floors-%d" % k, int(lease))
+        st, _ = bind(s, "floors-%d" % k, int(lease))
         check(st == 0, "BIND answered %d" % st)
         bad = set_floors(s, 0, int(count))
         check(bad == 0, "session %d: %s floors set, %d refused" % (k, count, bad))

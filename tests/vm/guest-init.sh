@@ -290,6 +290,9 @@ mount -t tmpfs -o mode=1777 tmpfs /dev/shm
 mount -t tmpfs -o mode=0755 tmpfs /run
 mount -t tmpfs -o mode=1777 tmpfs /tmp
 mount -t cgroup2 cgroup2 /sys/fs/cgroup || fail "cannot mount cgroup2"
+# The plugin's default volume key (no volume-key=) is created in $STATE_DIRECTORY: on the
+# tmpfs, the same for every nbdkit of this boot (a restarted one reattaches its volume).
+export STATE_DIRECTORY=/run/rdmaswap-state
 hostname rdmaswap-vm
 exec < /dev/console > /dev/console 2>&1
 # every SysRq function: the host sends w/m/l/t through qemu's monitor to a VM about to time out
