@@ -212,6 +212,22 @@ void rdmaswap_dump_plugin()
 	std::printf("rdmaswap_rdma_devices=%d\n", rdma::device_count());
 }
 
+// A path parameter (`key`=`value`), made absolute (nbdkit changes directory): 0, or -1 after
+// an error message.
+static int config_path(const char *key, const char *value, std::string &out)
+{
+	if (!*value) {
+		nbdkit_error("rdmaswap: %s= needs a path", key);
+		return -1;
+	}
+	char *abs = nbdkit_absolute_path(value);
+	if (!abs)
+		return -1;
+	out = abs;
+	std::free(abs);
+	return 0;
+}
+
 int rdmaswap_config(const char *key, const char *value)
 {
 	const std::string k = key;
@@ -246,15 +262,8 @@ int rdmaswap_config(const char *key, const char *value)
 			return -1;
 		}
 	} else if (k == "statusfile") {
-		if (!*value) {
-			nbdkit_error("rdmaswap: statusfile= needs a path");
+		if (config_path(key, value, g_statusfile) < 0)
 			return -1;
-		}
-		char *abs = nbdkit_absolute_path(value);
-		if (!abs)
-			return -1;
-		g_statusfile = abs;
-		std::free(abs);
 	} else if (k == "replicas") {
 		if (nbdkit_parse_unsigned("replicas", value, &g_cfg.replicas) < 0)
 			return -1;
@@ -288,15 +297,8 @@ int rdmaswap_config(const char *key, const char *value)
 		}
 		g_cfg.volume = value;
 	} else if (k == "volume-key") {
-		if (!*value) {
-			nbdkit_error("rdmaswap: volume-key= needs a path");
+		if (config_path(key, value, g_cfg.volume_key_path) < 0)
 			return -1;
-		}
-		char *abs = nbdkit_absolute_path(value);
-		if (!abs)
-			return -1;
-		g_cfg.volume_key_path = abs;
-		std::free(abs);
 	} else if (k == "lease") {
 		if (nbdkit_parse_unsigned("lease", value, &g_cfg.lease) < 0)
 			return -1;
