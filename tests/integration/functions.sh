@@ -284,6 +284,18 @@ proc_kb() {
     awk -v f="$2:" '$1 == f { print $2 }' "/proc/$1/status"
 }
 
+# fio_verify_until_done PID OUT WHAT WHY: fio_verify_beside PID OUT WHAT, then wait for PID (an
+# attacker), print OUT, and fail with WHY unless PID exited 0, or if no fio run overlapped it.
+fio_verify_until_done() {
+    local pid=$1 out=$2 what=$3 why=$4 rc=0
+    fio_verify_beside "$pid" "$out" "$what"
+    wait "$pid" || rc=$?
+    cat "$out" >&2
+    [[ $rc -eq 0 ]] || fail "$why (see above)"
+    ((FIO_RUNS >= 1)) || fail "no fio run overlapped the attacker ($what)"
+    log "fio write+verify passed $FIO_RUNS times $what"
+}
+
 # ctl_giveback PORT SIZE: `rdmaswapctl giveback` to the memserver on 127.0.0.1:PORT.
 # fio_verify_beside PID OUT WHAT: fio write+verify (crc32c) through $NBDKIT_URI, over 24 MiB,
 # run after run while process PID (an attacker) lives, at most 60 runs; every run must pass.
