@@ -71,7 +71,7 @@ fi
 echo "perf cannot count instructions here (or COUNTER=callgrind): callgrind, 1 thread, $COUNT_OPS"
 echo "requests per direction, only inside the measured calls (--toggle-collect). Each function's"
 echo "own instructions (Ir, exclusive) are put in one of four parts by its name:"
-echo "  copy: memcpy/memmove/memset (the 4 KiB copies: user buffer <-> the channel's bounce"
+echo "  copy: memcpy/memmove (the 4 KiB copies: user buffer <-> the channel's bounce"
 echo "        buffer in Volume, bounce buffer <-> \"remote\" memory in the in-memory data path);"
 echo "  in-memory data path: MemDataPath (stands for the transport; not the real TCP/RDMA one);"
 echo "  bench: the measured call's own wrapper;"
@@ -94,7 +94,7 @@ for line in open(path):
         continue
     ir = int(m.group(1).replace(",", ""))
     fn = m.group(2).split(":", 1)[-1]
-    if re.search(r"mem(cpy|move|set)", fn):
+    if re.search(r"mem(cpy|move)", fn):
         parts["copy"] += ir
     elif "MemDataPath" in fn:
         parts["dp"] += ir
