@@ -57,6 +57,7 @@ if [[ $COUNTER == perf ]]; then
             i1=$(perf_instructions "$bench" --threads 1 --op "$op" --ops "$COUNT_OPS" $copy)
             # shellcheck disable=SC2086
             i2=$(perf_instructions "$bench" --threads 1 --op "$op" --ops $((2 * COUNT_OPS)) $copy)
+            [[ -n $i1 && -n $i2 ]] || { echo "$0: perf cannot count instructions here" >&2; exit 1; }
             row+=" $(((i2 - i1) / COUNT_OPS)) |"
         done
         echo "$row"
