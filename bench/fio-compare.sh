@@ -1,8 +1,13 @@
 #!/usr/bin/env bash
 # SPDX-License-Identifier: MIT
-# Compare rdmaswap (nbdkit plugin -> memserver over TCP on 127.0.0.1) with nbdkit's memory plugin,
-# both served on a Unix socket and driven by fio's NBD engine. Prints a markdown table: IOPS, p50
-# and p99 completion latency, the IOPS ratio rdmaswap/memory, and the CPU the servers used.
+# Compare rdmaswap (nbdkit plugin -> memserver over TCP on 127.0.0.1) with two nbdkit setups:
+# - proxy: nbdkit's own nbd plugin forwarding over TCP on 127.0.0.1 to `nbdkit memory` (the same
+#   topology as rdmaswap: client -> Unix socket -> nbdkit -> TCP -> server; what a user without
+#   rdmaswap would run);
+# - memory: nbdkit's memory plugin alone (the cost of NBD itself).
+# All three are served on a Unix socket and driven by fio's NBD engine. Prints a markdown table:
+# IOPS, p50 and p99 completion latency of each, the IOPS ratios rdmaswap/proxy and
+# rdmaswap/memory, and the CPU the servers used.
 #
 # Usage: bench/fio-compare.sh BUILD_DIR
 # Environment (all optional):
@@ -12,8 +17,9 @@
 #   THREADS=16          nbdkit --threads, for both servers
 #   RDMASWAP_ARGS=      extra plugin parameters, e.g. "threads=4"
 #   ROWS="..."          subset of rows, e.g. "randread:4k:1 randwrite:128k:32"
-#   REPEAT=1            measure each row REPEAT times, alternating the two servers, and report
-#                       the run with the median rdmaswap/memory IOPS ratio (for noisy machines)
+#   REPEAT=1            measure each row REPEAT times, alternating the three servers, and report
+#                       the median of each column (ratios: of the per-run ratios, with their
+#                       range in brackets) (for noisy machines)
 #   OUT=DIR             keep fio's JSON and the server logs there (default: a temporary dir)
 set -euo pipefail
 
@@ -25,7 +31,7 @@ ctl="$build/tools/rdmaswapctl"
 for f in "$memserver" "$plugin" "$ctl"; do
     [[ -e $f ]] || { echo "$0: not built: $f" >&2; exit 1; }
 done
-for c in nbdkit fio jq python3; do
+for c in nbdkit nbdinfo fio jq python3; do
     command -v "$c" >/dev/null || { echo "$0: needs $c" >&2; exit 1; }
 done
 
@@ -41,7 +47,7 @@ ROWS=${ROWS:-"randread:4k:1 randwrite:4k:1 randread:4k:32 randwrite:4k:32 randre
 out=${OUT:-$(mktemp -d -t rdmaswap-bench.XXXXXX)}
 export STATE_DIRECTORY="$out/state" # the plugin's default volume key: here, not in /var/lib
 mkdir -p "$out"
-rm -f "$out/rdmaswap.sock" "$out/memory.sock"
+rm -f "$out/rdmaswap.sock" "$out/proxy.sock" "$out/memory.sock"
 hz=$(getconf CLK_TCK)
 
 pids=()
@@ -64,7 +70,8 @@ wait_for() { # SECONDS CMD...: retry CMD every 0.1 s
 # CPU seconds (user+system, all threads) a process has used so far.
 cpu_ticks() { awk '{print $14 + $15}' "/proc/$1/stat"; }
 
-port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
+free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
+port=$(free_port)
 key="$out/auth.key"
 (umask 077 && head -c 32 /dev/urandom | od -An -tx1 | tr -d ' \n' >"$key")
 "$memserver" --listen 127.0.0.1 --port "$port" --capacity "$SIZE" --slab-size "$SLAB" \
@@ -83,31 +90,49 @@ nbdkit -f --threads "$THREADS" -U "$out/memory.sock" memory "$SIZE" allocator=ma
     2>"$out/nbdkit-memory.log" &
 mem_pid=$!
 pids+=("$mem_pid")
+# The proxy: `nbdkit memory` on TCP 127.0.0.1 only, and nbdkit's nbd plugin in front of it.
+proxy_port=$(free_port)
+nbdkit -f --threads "$THREADS" -i 127.0.0.1 -p "$proxy_port" memory "$SIZE" allocator=malloc \
+    2>"$out/nbdkit-proxy-backend.log" &
+pb_pid=$!
+pids+=("$pb_pid")
+wait_for 30 nbdinfo --size "nbd://127.0.0.1:$proxy_port"
+nbdkit -f --threads "$THREADS" -U "$out/proxy.sock" nbd hostname=127.0.0.1 port="$proxy_port" \
+    2>"$out/nbdkit-proxy.log" &
+px_pid=$!
+pids+=("$px_pid")
 wait_for 30 test -S "$out/rdmaswap.sock"
+wait_for 30 test -S "$out/proxy.sock"
 wait_for 30 test -S "$out/memory.sock"
 
 uri() { echo "nbd+unix:///?socket=$out/$1.sock"; }
 
 # Fill both devices so reads hit written (non-zero) data everywhere.
-for t in rdmaswap memory; do
+for t in rdmaswap proxy memory; do
     fio --name=fill --ioengine=nbd --uri="$(uri $t)" --rw=write --bs=1M --iodepth=8 \
         --size="$SIZE" --refill_buffers --output-format=json --output="$out/fill-$t.json" \
         >/dev/null 2>&1
 done
 
-# run TARGET RW BS QD: one fio measurement; prints "iops p50_us p99_us server_cpu% memserver_cpu%".
+# run TARGET RW BS QD: one fio measurement; prints "iops p50_us p99_us server_cpu% backend_cpu%"
+# (backend: the memserver for rdmaswap, the proxy's `nbdkit memory`; 0 for memory).
 run() {
-    local t=$1 rw=$2 bs=$3 qd=$4 json server_pid a0 b0 a1 b1 t0 t1
+    local t=$1 rw=$2 bs=$3 qd=$4 json server_pid backend_pid a0 b0 a1 b1 t0 t1
     json="$out/$t-$rw-$bs-qd$qd-${rep:-1}.json"
-    server_pid=$rs_pid
-    [[ $t == memory ]] && server_pid=$mem_pid
+    case $t in
+    rdmaswap) server_pid=$rs_pid backend_pid=$ms_pid ;;
+    proxy) server_pid=$px_pid backend_pid=$pb_pid ;;
+    memory) server_pid=$mem_pid backend_pid= ;;
+    esac
     # CPU is sampled around the whole fio run (ramp included) and divided by its wall time.
-    a0=$(cpu_ticks "$server_pid"); b0=$(cpu_ticks "$ms_pid"); t0=$(date +%s.%N)
+    a0=$(cpu_ticks "$server_pid"); b0=0; [[ -n $backend_pid ]] && b0=$(cpu_ticks "$backend_pid")
+    t0=$(date +%s.%N)
     fio --name="$t-$rw-$bs-qd$qd" --ioengine=nbd --uri="$(uri "$t")" --rw="$rw" --bs="$bs" \
         --iodepth="$qd" --numjobs=1 --size="$SIZE" --time_based --runtime="$RUNTIME" \
         --ramp_time="$RAMP" --norandommap --randrepeat=0 --output-format=json --output="$json" \
         >/dev/null 2>&1
-    a1=$(cpu_ticks "$server_pid"); b1=$(cpu_ticks "$ms_pid"); t1=$(date +%s.%N)
+    a1=$(cpu_ticks "$server_pid"); b1=0; [[ -n $backend_pid ]] && b1=$(cpu_ticks "$backend_pid")
+    t1=$(date +%s.%N)
     local dir="read"
     [[ $rw == *write ]] && dir="write"
     jq -r --arg d "$dir" '.jobs[0][$d] |
@@ -117,32 +142,38 @@ run() {
 print('%.0f %.0f' % (100*(a1-a0)/hz/w, 100*(b1-b0)/hz/w))" "$a0" "$a1" "$b0" "$b1" "$t0" "$t1" "$hz"
 }
 
-echo "rdmaswap (TCP, 127.0.0.1, slab $SLAB) vs nbdkit memory (allocator=malloc); fio nbd engine, 1 job,"
+echo "rdmaswap (TCP, 127.0.0.1, slab $SLAB) vs proxy (nbdkit nbd -> TCP 127.0.0.1 -> nbdkit memory) vs"
+echo "nbdkit memory (allocator=malloc); fio nbd engine, 1 job,"
 echo "${RUNTIME}s per row after ${RAMP}s ramp, device $SIZE (filled), nbdkit --threads $THREADS, $(nproc) CPUs."
 echo "Latency: fio completion latency (clat). CPU: % of one core, whole fio run incl. ramp."
-[[ $REPEAT -gt 1 ]] && echo "Each row: the median of $REPEAT alternating runs by IOPS ratio (range of the ratio in brackets)."
-echo "Load average before: $(cut -d' ' -f1-3 /proc/loadavg) (anything else running skews both columns)."
+[[ $REPEAT -gt 1 ]] && echo "Each column: the median of $REPEAT alternating runs (range of each ratio in brackets)."
+echo "Load average before: $(cut -d' ' -f1-3 /proc/loadavg) (anything else running skews every column)."
 echo
-echo "| workload | QD | rdmaswap IOPS | p50 µs | p99 µs | memory IOPS | p50 µs | p99 µs | IOPS ratio | CPU% nbdkit-rdmaswap | CPU% memserver | CPU% nbdkit-memory |"
-echo "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
+echo "| workload | QD | rdmaswap IOPS | p50 µs | p99 µs | proxy IOPS | p50 µs | p99 µs | memory IOPS | p50 µs | p99 µs | ÷ proxy | ÷ memory | CPU% nbdkit-rdmaswap | CPU% memserver | CPU% nbdkit-proxy | CPU% proxy's memory | CPU% nbdkit-memory |"
+echo "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
 for row in $ROWS; do
     IFS=: read -r rw bs qd <<<"$row"
     results=()
     for ((rep = 1; rep <= REPEAT; rep++)); do
-        results+=("$(run rdmaswap "$rw" "$bs" "$qd") $(run memory "$rw" "$bs" "$qd")")
+        results+=("$(run rdmaswap "$rw" "$bs" "$qd") $(run proxy "$rw" "$bs" "$qd") $(run memory "$rw" "$bs" "$qd")")
     done
     python3 - "$rw" "$bs" "$qd" "${results[@]}" <<'PY'
 import sys
 rw, bs, qd = sys.argv[1:4]
-# Each run: a_iops a_p50 a_p99 a_cpu a_memserver b_iops b_p50 b_p99 b_cpu b_memserver(unused)
+import statistics
+# Each run: for rdmaswap, proxy, memory in turn: iops p50 p99 server_cpu backend_cpu
 runs = [list(map(float, r.split())) for r in sys.argv[4:]]
-for r in runs:
+for r in runs:  # the ratios of each run (the three targets ran back to back)
     r.append(r[0] / r[5] if r[5] else float("nan"))
-runs.sort(key=lambda r: r[-1])
-ai, a50, a99, acpu, ams, bi, b50, b99, bcpu, _, ratio = runs[len(runs) // 2]
-spread = "" if len(runs) == 1 else " (%.2f-%.2f)" % (runs[0][-1], runs[-1][-1])
-print("| %s %s | %s | %.0f | %.0f | %.0f | %.0f | %.0f | %.0f | %.2f%s | %.0f | %.0f | %.0f |"
-      % (rw, bs, qd, ai, a50, a99, bi, b50, b99, ratio, spread, acpu, ams, bcpu))
+    r.append(r[0] / r[10] if r[10] else float("nan"))
+med = [statistics.median(r[i] for r in runs) for i in range(len(runs[0]))]
+def ratio(i):
+    vals = sorted(r[i] for r in runs)
+    spread = "" if len(vals) == 1 else " (%.2f-%.2f)" % (vals[0], vals[-1])
+    return "%.2f%s" % (med[i], spread)
+print("| %s %s | %s | %.0f | %.0f | %.0f | %.0f | %.0f | %.0f | %.0f | %.0f | %.0f | %s | %s | %.0f | %.0f | %.0f | %.0f | %.0f |"
+      % (rw, bs, qd, med[0], med[1], med[2], med[5], med[6], med[7], med[10], med[11], med[12],
+         ratio(15), ratio(16), med[3], med[4], med[8], med[9], med[13]))
 PY
 done
 echo
