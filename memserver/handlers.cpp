@@ -22,39 +22,57 @@ std::string_view peer_host(std::string_view peer)
 }
 } // namespace
 
+Memserver::Next Memserver::Handlers::reply(Memserver &, Request &r, uint32_t status,
+					   std::span<const std::byte> body)
+{
+	r.replied = true;
+	r.status = status;
+	if (status)
+		return Next::Continue;
+	if (body.size() <= r.small.size()) {
+		std::copy(body.begin(), body.end(), r.small.begin());
+		r.small_len = body.size();
+	} else {
+		r.big.assign(body.begin(), body.end()); // control path (lists)
+	}
+	return Next::Continue;
+}
+
 const Memserver::Handlers::Entry &Memserver::Handlers::of(proto::Op op)
 {
 	using proto::Op;
 	// Indexed by op number. Entries: handler, allowed before authentication, needs a
-	// session, needs the admin key.
+	// session, needs the admin key, runs on a worker. READ and WRITE are the loop's own
+	// (memserver/loop.cpp): no handler here.
 	static const std::array<Entry, 18> table = [] {
 		std::array<Entry, 18> t{};
-		auto set = [&](Op o, Fn fn, bool before_auth, bool needs_session,
-			       bool admin = false) {
-			t[size_t(o)] = Entry{fn, before_auth, needs_session, admin};
+		auto set = [&](Op o, Fn fn, bool before_auth, bool needs_session, bool admin,
+			       bool blocking) {
+			t[size_t(o)] = Entry{fn, before_auth, needs_session, admin, blocking};
 		};
-		set(Op::Auth, &auth, true, false);
-		set(Op::AuthProof, &auth_proof, true, false);
-		set(Op::Hello, &hello, false, false);
-		set(Op::Alloc, &alloc, false, true);
-		set(Op::AllocTagged, &alloc, false, true);
-		set(Op::Free, &free_slab, false, true);
-		set(Op::Read, &io, false, true);
-		set(Op::Write, &io, false, true);
-		set(Op::List, &list, false, true);
-		set(Op::Bind, &bind, false, true);
-		set(Op::SetTag, &set_tag, false, true);
-		set(Op::VolumeList, &volume_list, false, false); // listing sessions needs none
-		set(Op::GiveBack, &give_back, false, false, true);
-		set(Op::GiveBackStatus, &give_back_status, false, false);
-		set(Op::Lend, &give_back, false, false, true);
-		set(Op::Wanted, &wanted, false, true);
-		set(Op::Stats, &stats, false, false);
+		set(Op::Auth, &auth, true, false, false, false);
+		set(Op::AuthProof, &auth_proof, true, false, false, false);
+		set(Op::Hello, &hello, false, false, false, true);     // joins, fences
+		set(Op::Alloc, &alloc, false, true, false, true);      // ibv_reg_mr
+		set(Op::AllocTagged, &alloc, false, true, false, true);
+		set(Op::Free, &free_slab, false, true, false, true);   // zeroes the slab
+		set(Op::Read, nullptr, false, true, false, false);
+		set(Op::Write, nullptr, false, true, false, false);
+		set(Op::List, &list, false, true, false, true);
+		set(Op::Bind, &bind, false, true, false, true);        // takeover
+		set(Op::SetTag, &set_tag, false, true, false, true);
+		// Listing sessions needs none; slabs may be registered (ibv_reg_mr).
+		set(Op::VolumeList, &volume_list, false, false, false, true);
+		set(Op::GiveBack, &give_back, false, false, true, true);
+		set(Op::GiveBackStatus, &give_back_status, false, false, false, false);
+		set(Op::Lend, &give_back, false, false, true, true);
+		set(Op::Wanted, &wanted, false, true, false, false);
+		set(Op::Stats, &stats, false, false, false, false);
 		return t;
 	}();
 	static const Entry none{};
 	const size_t i = size_t(op);
-	return i < table.size() && table[i].fn ? table[i] : none;
+	return i < table.size() ? table[i] : none;
 }
 
 Memserver::Next Memserver::Handlers::auth(Memserver &m, Request &r)
@@ -197,43 +215,6 @@ Memserver::Next Memserver::Handlers::free_slab(Memserver &m, Request &r)
 	m.pool_.release(req.slab_id, session);
 	logger("memserver")->debug("{}: freed slab {}", r.c.peer, req.slab_id);
 	return reply(m, r, 0);
-}
-
-// The data path: no allocation, no lock, nothing logged unless the peer misbehaves.
-Memserver::Next Memserver::Handlers::io(Memserver &m, Request &r)
-{
-	proto::IoRequest req;
-	const bool write = r.h.op == proto::Op::Write;
-	if (!decode(r, req))
-		return Next::Malformed;
-	if (write && r.h.body_len - r.body.size() != req.length) {
-		r.malformed = "WRITE length does not match its payload";
-		return Next::Malformed;
-	}
-	Conn &c = r.c;
-	std::byte *mem = m.pool_.begin_access(req.slab_id, r.session(), req.offset, req.length);
-	if (!mem) {
-		if (write) // keep the stream in step: consume the payload
-			if (Next got = skip_payload(m, r); got != Next::Continue)
-				return got;
-		return reply(m, r, EACCES);
-	}
-	// The access is open until end_access: the payload and the reply are bounded by the
-	// message deadlines, so a slow peer cannot hold a release() of the slab for longer.
-	if (write) {
-		const Next got = receive(m, r, mem, req.length);
-		m.pool_.end_access(req.slab_id);
-		if (got != Next::Continue)
-			return got;
-		c.write_ops.fetch_add(1, std::memory_order_relaxed);
-		c.write_bytes.fetch_add(req.length, std::memory_order_relaxed);
-		return reply(m, r, 0);
-	}
-	const Next sent = reply(m, r, 0, {}, mem, req.length);
-	m.pool_.end_access(req.slab_id);
-	c.read_ops.fetch_add(1, std::memory_order_relaxed);
-	c.read_bytes.fetch_add(req.length, std::memory_order_relaxed);
-	return sent;
 }
 
 Memserver::Next Memserver::Handlers::list(Memserver &m, Request &r)

@@ -42,6 +42,11 @@ int main(int argc, char **argv)
 	app.add_option("--transport", transport, "tcp, rdma or auto (default auto)");
 	app.add_option("--max-connections", opts.max_connections,
 		       "connections served at once; more are closed at once (default 256)");
+	app.add_option("--threads", opts.threads,
+		       "event loops serving TCP connections (default: one per CPU, at most 16)");
+	app.add_option("--workers", opts.workers,
+		       "threads for blocking requests: registration, zeroing, session changes "
+		       "(default 4)");
 	app.add_option("--auth-key", key_files,
 		       "file with the cluster's shared key (mode 600); give it twice to accept "
 		       "an old and a new key during a rotation");
@@ -116,6 +121,10 @@ int main(int argc, char **argv)
 	opts.transport = *kind;
 	if (opts.max_connections == 0) {
 		log->error("--max-connections must be at least 1");
+		return 2;
+	}
+	if (opts.threads > 256 || opts.workers == 0 || opts.workers > 256) {
+		log->error("--threads must be 0 (one per CPU) to 256, --workers 1 to 256");
 		return 2;
 	}
 	if (opts.max_floors == 0 || opts.max_peer_sessions == 0 || opts.max_peer_connections == 0) {

@@ -214,6 +214,10 @@ void RdmaService::Impl::on_connect_request(rdma_cm_event *ev, std::vector<CmId> 
 	// The join and the session's PD in one step with respect to the other session
 	// transitions: a session being detached or ended drops its PD under the same lock, so it
 	// never drops the PD of a QP that joined in between (and an ended session is not joined).
+	if (!owner.room_for_connection()) { // --max-connections counts QPs and TCP connections
+		reject(EBUSY, "over --max-connections (TCP connections and RDMA QPs together)");
+		return;
+	}
 	auto life = owner.lifecycle_lock();
 	if (!sessions.join(cd.session_id, cd.token)) {
 		reject(ENOENT, "unknown session or wrong token");

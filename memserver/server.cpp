@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: MIT
-// Memserver: start, accept loop, connection threads, and the per-connection request loop
-// (message deadlines, authentication and session checks, dispatch to the handlers).
+// Memserver: start, accept loop (connections handed to the event loops, memserver/loop.cpp),
+// stats, fencing, and the end of connections.
 #include "memserver/server.h"
 
 #include <arpa/inet.h>
@@ -27,9 +27,6 @@
 namespace rdmaswap {
 
 namespace {
-// How often idle connection threads look at the stop flag.
-constexpr int kPollMs = 500;
-constexpr size_t kScratch = 64 * 1024;
 // The accept loop's housekeeping period, and how many connections it accepts between two
 // looks at the clock.
 constexpr auto kTick = std::chrono::milliseconds(200);
@@ -172,8 +169,24 @@ Memserver::Memserver(const MemserverOptions &opts)
 Memserver::~Memserver()
 {
 	stop_.store(true);
-	reap(true);
+	loops_.clear();
+	workers_.reset();
+	reap();
 	rdma_.reset();
+}
+
+unsigned Memserver::loop_threads() const
+{
+	if (opts_.threads)
+		return opts_.threads;
+	const unsigned cpus = std::thread::hardware_concurrency();
+	return std::clamp(cpus, 1u, 16u);
+}
+
+bool Memserver::room_for_connection() const
+{
+	const unsigned qps = rdma_ ? rdma_->qps() : 0;
+	return tcp_open_.load() + qps < opts_.max_connections;
 }
 
 proto::StatsReply Memserver::stats() const
@@ -228,47 +241,63 @@ void Memserver::fence(uint64_t session, uint64_t id)
 		return;
 	}
 	old->fenced.store(true);
-	std::lock_guard wait(old->busy); // let a request it is applying finish
-	::shutdown(old->fd.get(), SHUT_RDWR);
+	{
+		// Let a request it is applying finish (a WRITE's payload lands under `busy` and
+		// checks the flag first): from here on nothing of it reaches a slab.
+		std::lock_guard wait(old->busy);
+	}
+	old->loop->wake(old); // its loop closes it
 	logger("memserver")->info("connection {:016x} ({}) replaced by a reconnect of its client "
 				  "(fenced)",
 				  id, old->peer);
 }
 
-void Memserver::reap(bool all)
+void Memserver::reap()
 {
-	std::list<std::shared_ptr<Conn>> dead;
-	{
-		std::lock_guard lock(conns_mu_);
-		for (auto it = conns_.begin(); it != conns_.end();) {
-			if (all && !(*it)->done.load())
-				::shutdown((*it)->fd.get(), SHUT_RDWR);
-			if (all || (*it)->done.load()) {
-				dead.splice(dead.end(), conns_, it++);
-			} else {
-				++it;
-			}
+	std::lock_guard lock(conns_mu_);
+	for (auto it = conns_.begin(); it != conns_.end();) {
+		const Conn &c = **it;
+		if (!c.done.load()) {
+			++it;
+			continue;
 		}
+		closed_read_ops_ += c.read_ops;
+		closed_read_bytes_ += c.read_bytes;
+		closed_write_ops_ += c.write_ops;
+		closed_write_bytes_ += c.write_bytes;
+		it = conns_.erase(it);
 	}
-	for (auto &c : dead) {
-		if (c->thread.joinable())
-			c->thread.join();
-		std::lock_guard lock(conns_mu_);
-		closed_read_ops_ += c->read_ops;
-		closed_read_bytes_ += c->read_bytes;
-		closed_write_ops_ += c->write_ops;
-		closed_write_bytes_ += c->write_bytes;
-	}
+}
+
+void Memserver::connection_closed(const std::shared_ptr<Conn> &c)
+{
+	peers_.closed(c->addr);
+	tcp_open_.fetch_sub(1);
+	if (const uint64_t session = c->session.load())
+		workers_->submit([this, session] { leave_session(session); });
+	c->done.store(true);
 }
 
 void Memserver::run()
 {
+	workers_ = std::make_unique<WorkerPool>(std::max(1u, opts_.workers));
+	const unsigned n = loop_threads();
+	for (unsigned i = 0; i < n; i++)
+		loops_.push_back(std::make_unique<Loop>(*this, i));
 	if (opts_.reserve)
 		reserve_thread_ = std::thread([this] { reserve_loop(); });
 	lease_thread_ = std::thread([this] { lease_loop(); });
+	logger("memserver")->info("serving TCP with {} event loop(s) and {} worker(s)", n,
+				  workers_->threads());
 	notify_ready();
 	accept_loop();
-	reap(true);
+	// Every loop closes its connections; then the workers finish what they were given
+	// (sessions left by those connections), and only then do the loops go.
+	for (auto &l : loops_)
+		l->join();
+	workers_.reset();
+	loops_.clear();
+	reap();
 	if (reserve_thread_.joinable())
 		reserve_thread_.join();
 	lease_thread_.join();
@@ -300,9 +329,10 @@ bool Memserver::accept_one()
 {
 	sockaddr_storage ss{};
 	socklen_t sl = sizeof ss;
-	// The listening socket is non-blocking; the accepted one is not (accept4 does not
-	// inherit O_NONBLOCK) and every wait on it is bounded by its own deadline.
-	Fd fd(::accept4(listen_fd_.get(), reinterpret_cast<sockaddr *>(&ss), &sl, SOCK_CLOEXEC));
+	// Both the listening socket and the accepted one are non-blocking: a loop never waits
+	// on a connection.
+	Fd fd(::accept4(listen_fd_.get(), reinterpret_cast<sockaddr *>(&ss), &sl,
+			SOCK_CLOEXEC | SOCK_NONBLOCK));
 	if (!fd) {
 		const int err = errno;
 		if (err == EMFILE || err == ENFILE || err == ENOBUFS || err == ENOMEM) {
@@ -316,15 +346,8 @@ bool Memserver::accept_one()
 	// Per dropped connection: no allocation, no log line (a refusal is counted, and
 	// accept_housekeeping reports the counts), one lookup in the peer table.
 	const PeerAddr addr = PeerAddr::from(ss);
-	std::unique_lock lock(conns_mu_);
-	bool full = conns_.size() >= opts_.max_connections;
-	if (full) { // ended connections may not be reaped yet
-		lock.unlock();
-		reap(false);
-		lock.lock();
-		full = conns_.size() >= opts_.max_connections;
-	}
-	lock.unlock();
+	// --max-connections counts RDMA QPs too.
+	const bool full = !room_for_connection();
 	if (peers_.admit(addr, Clock::now(), full) != PeerTable::Verdict::Ok) {
 		// Closed at once with a reset: a flood holds no thread, no memory and no socket in
 		// a closing state.
@@ -348,21 +371,22 @@ bool Memserver::accept_one()
 	c->fd = std::move(fd);
 	c->peer = peer_name(ss);
 	c->addr = addr;
-	Conn &ref = *c;
-	lock.lock();
-	conns_.push_back(std::move(c));
-	ref.thread = std::thread([this, &ref] {
-		prefault_stack();
-		serve(ref);
-		peers_.closed(ref.addr);
-		ref.done.store(true);
-	});
+	tcp_open_.fetch_add(1);
+	{
+		std::lock_guard lock(conns_mu_);
+		conns_.push_back(c);
+	}
+	Loop *loop = loops_.front().get();
+	for (auto &l : loops_)
+		if (l->load() < loop->load())
+			loop = l.get();
+	loop->adopt(std::move(c));
 	return true;
 }
 
 void Memserver::accept_housekeeping(Clock::time_point now)
 {
-	reap(false);
+	reap();
 	using V = PeerTable::Verdict;
 	for (V v : {V::Rate, V::Connections, V::ServerFull, V::TableFull}) {
 		auto &last = drop_reported_[size_t(v)];
@@ -418,227 +442,6 @@ void Memserver::accept_housekeeping(Clock::time_point now)
 		peers_.sweep(now);
 		next_sweep_ = now + kPeerSweep;
 	}
-}
-
-namespace {
-
-long long ms(std::chrono::milliseconds t)
-{
-	return static_cast<long long>(t.count());
-}
-
-// A header with our magic and another protocol version: a client of another rdmaswap release.
-bool peer_of_other_version(std::span<const std::byte, proto::kHeaderSize> h)
-{
-	const uint32_t magic = uint32_t(h[0]) | uint32_t(h[1]) << 8 | uint32_t(h[2]) << 16 |
-			       uint32_t(h[3]) << 24;
-	return magic == proto::kMagic && uint8_t(h[4]) != proto::kVersion;
-}
-
-// The answer to it before the connection is closed: an error response of our version, which
-// its header decoder refuses as an unsupported version (a clear protocol error on its side,
-// rather than a connection reset).
-std::array<std::byte, proto::kHeaderSize>
-version_refusal(std::span<const std::byte, proto::kHeaderSize> h)
-{
-	proto::Header r;
-	r.op = proto::Op(uint8_t(h[5]));
-	r.flags = proto::kFlagResponse;
-	r.status = EPROTONOSUPPORT;
-	for (int i = 0; i < 8; i++)
-		r.request_id |= uint64_t(h[16 + size_t(i)]) << (8 * i);
-	std::array<std::byte, proto::kHeaderSize> out;
-	proto::encode_header(r, out);
-	return out;
-}
-
-} // namespace
-
-Memserver::Next Memserver::Handlers::reply(Memserver &m, Request &r, uint32_t status,
-					   std::span<const std::byte> body,
-					   const std::byte *payload, uint32_t payload_len)
-{
-	std::array<std::byte, proto::kHeaderSize> hdr;
-	proto::Header h;
-	h.op = r.h.op;
-	h.flags = proto::kFlagResponse;
-	h.status = status;
-	h.request_id = r.h.request_id;
-	h.body_len = status ? 0 : uint32_t(body.size() + payload_len);
-	proto::encode_header(h, hdr);
-	iovec iov[3];
-	int n = 0;
-	iov[n++] = {hdr.data(), hdr.size()};
-	if (!status && !body.empty())
-		iov[n++] = {const_cast<std::byte *>(body.data()), body.size()};
-	if (!status && payload_len)
-		iov[n++] = {const_cast<std::byte *>(payload), payload_len};
-	// The reply has its own deadline: a peer that does not read it (while a READ's slab
-	// access stays open) is dropped after the message timeout.
-	const int err = sendv_all_until(r.c.fd.get(), iov, n,
-					std::chrono::steady_clock::now() + m.opts_.message_timeout);
-	if (err == 0)
-		return Next::Continue;
-	if (err == ETIMEDOUT)
-		m.warn_peer(PeerEvent::Slow, fmt::format("{}: {} reply not taken within {} ms (slow "
-							 "reader); disconnecting",
-							 r.c.peer, proto::op_name(r.h.op),
-							 ms(m.opts_.message_timeout)));
-	return Next::Close;
-}
-
-Memserver::Next Memserver::Handlers::receive(Memserver &m, Request &r, void *buf, size_t len)
-{
-	const int err = recv_all_until(r.c.fd.get(), buf, len, r.deadline);
-	if (err == 0)
-		return Next::Continue;
-	if (err == ETIMEDOUT)
-		m.warn_peer(PeerEvent::Slow, fmt::format("{}: {} not received whole within {} ms "
-							 "(slow sender); disconnecting",
-							 r.c.peer, proto::op_name(r.h.op),
-							 ms(m.opts_.message_timeout)));
-	else if (err != ECONNRESET)
-		m.warn_peer(PeerEvent::Protocol, fmt::format("{}: truncated {} request: {}", r.c.peer,
-							     proto::op_name(r.h.op),
-							     std::strerror(err)));
-	return Next::Close;
-}
-
-Memserver::Next Memserver::Handlers::skip_payload(Memserver &m, Request &r)
-{
-	auto &scratch = r.c.scratch;
-	for (size_t left = r.h.body_len - r.body.size(); left;) {
-		const size_t n = std::min(left, scratch.size());
-		if (Next got = receive(m, r, scratch.data(), n); got != Next::Continue)
-			return got;
-		left -= n;
-	}
-	return Next::Continue;
-}
-
-void Memserver::serve(Conn &c)
-{
-	auto log = logger("memserver");
-	const int fd = c.fd.get();
-	c.scratch.resize(kScratch);
-	c.authed = opts_.insecure;
-	c.admin = opts_.insecure;
-	const auto handshake_end = c.accepted + opts_.handshake_timeout;
-	log->debug("connection from {}", c.peer);
-
-	while (!stop_.load()) {
-		// Idle: wait for a message to start, as long as it takes (until HELLO, no longer
-		// than the handshake deadline).
-		const bool handshake = c.session.load() == 0;
-		int wait_ms = kPollMs;
-		if (handshake) {
-			const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
-				handshake_end - Clock::now());
-			if (left.count() <= 0) {
-				warn_peer(PeerEvent::Slow, c.peer + ": handshake not finished within " +
-					  std::to_string(ms(opts_.handshake_timeout)) +
-					  " ms; disconnecting");
-				break;
-			}
-			wait_ms = int(std::min<long long>(wait_ms, left.count() + 1));
-		}
-		pollfd p{fd, POLLIN, 0};
-		const int rc = ::poll(&p, 1, wait_ms);
-		if (rc == 0 || (rc < 0 && errno == EINTR))
-			continue;
-		// A message has started: all of it (header, fixed body, payload) must arrive by
-		// `deadline`, however its bytes trickle in.
-		auto deadline = Clock::now() + opts_.message_timeout;
-		const bool by_handshake = handshake && handshake_end < deadline;
-		if (by_handshake)
-			deadline = handshake_end;
-		auto slow = [&](const char *what) {
-			if (by_handshake)
-				warn_peer(PeerEvent::Slow, c.peer + ": handshake not finished in time (slow "
-							     "sender); disconnecting");
-			else
-				warn_peer(PeerEvent::Slow,
-					  fmt::format("{}: {} not received whole within {} ms (slow "
-						      "sender); disconnecting",
-						      c.peer, what, ms(opts_.message_timeout)));
-		};
-		std::array<std::byte, proto::kHeaderSize> hdr;
-		int err = rc < 0 ? errno : recv_all_until(fd, hdr.data(), hdr.size(), deadline);
-		if (err) {
-			if (err == ETIMEDOUT)
-				slow("message header");
-			else if (err != ECONNRESET)
-				warn_peer(PeerEvent::Protocol,
-					  c.peer + ": receive failed: " + std::strerror(err));
-			break;
-		}
-		proto::Header h;
-		const auto st = proto::decode_header(hdr, h);
-		if (!st.ok || h.is_response()) {
-			warn_peer(PeerEvent::Protocol, c.peer + ": malformed message (" +
-				  (st.ok ? "unexpected response" : st.error) + "); disconnecting");
-			if (!st.ok && peer_of_other_version(hdr)) // tell it: it reports EPROTO
-				send_all_until(fd, version_refusal(hdr).data(), proto::kHeaderSize,
-					       deadline);
-			break;
-		}
-		std::array<std::byte, proto::kMaxFixedBody> body;
-		const size_t fixed = size_t(proto::request_body_size(h.op));
-		if ((err = recv_all_until(fd, body.data(), fixed, deadline))) {
-			if (err == ETIMEDOUT)
-				slow(proto::op_name(h.op));
-			else if (err != ECONNRESET)
-				warn_peer(PeerEvent::Protocol, c.peer + ": truncated " +
-					  proto::op_name(h.op) + " request: " + std::strerror(err));
-			break;
-		}
-		std::unique_lock<std::mutex> busy(c.busy, std::defer_lock);
-		Request r{c, h, std::span<const std::byte>(body.data(), fixed), deadline, busy};
-		const Handlers::Entry &op = Handlers::of(h.op);
-		if (!op.fn) { // decode_header lets no such op through
-			warn_peer(PeerEvent::Protocol, c.peer + ": no handler for op " +
-				  std::to_string(unsigned(h.op)) + "; disconnecting");
-			break;
-		}
-		if (!c.authed && !op.before_auth) {
-			// Nothing (no slab, no rkey, no stats) before the peer proved it has the key.
-			warn_peer(PeerEvent::Auth, c.peer + ": " + proto::op_name(h.op) +
-				  " before authentication; refused, disconnecting");
-			Handlers::reply(*this, r, EACCES);
-			break;
-		}
-		Next next;
-		if (op.admin && !c.admin) {
-			warn_peer(PeerEvent::Auth,
-				  fmt::format("{}: {} refused: it needs the admin key (--admin-key)",
-					      c.peer, proto::op_name(h.op)));
-			next = Handlers::reply(*this, r, EPERM); // fixed body: the stream is in step
-		} else if (op.needs_session && r.session() == 0) {
-			// Before HELLO: refused, with the stream kept in step.
-			next = Handlers::skip_payload(*this, r);
-			if (next == Next::Continue)
-				next = Handlers::reply(*this, r, EACCES);
-		} else {
-			// Apply the request only if no reconnect of our client fenced this connection.
-			busy.lock();
-			if (c.fenced.load()) {
-				log->debug("{}: dropping a request on a fenced connection", c.peer);
-				break;
-			}
-			next = op.fn(*this, r);
-			busy.unlock();
-		}
-		if (next == Next::Malformed)
-			warn_peer(PeerEvent::Protocol,
-				  fmt::format("{}: malformed {} ({}); disconnecting", c.peer,
-					      proto::op_name(h.op),
-					      r.malformed ? r.malformed : "bad request"));
-		if (next != Next::Continue)
-			break;
-	}
-	log->debug("{}: connection closed", c.peer);
-	if (const uint64_t session = c.session.load())
-		leave_session(session);
 }
 
 } // namespace rdmaswap

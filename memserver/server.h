@@ -1,11 +1,13 @@
 // SPDX-License-Identifier: MIT
 // The memserver: slab pool + sessions + TCP control/data service (+ the RDMA service when
-// enabled). One thread accepts; each TCP connection is served by its own thread, so a slow or
-// hostile client holds only its own thread. A connection must authenticate (AUTH, AUTH_PROOF)
-// before any other request, and finish the handshake (through HELLO) within a time bound; a
-// message that has started must arrive whole, and a reply be taken whole, within
-// --message-timeout. docs/architecture.md ("Concurrency model: memserver") has the threads
-// and the lock order.
+// enabled). One thread accepts and hands each TCP connection to one of a few event loops
+// (--threads); a loop serves its connections as non-blocking state machines, and a small
+// worker pool does the blocking work (registration, zeroing, session transitions), so the
+// thread count does not grow with the connections and a slow or hostile client holds only its
+// own connection. A connection must authenticate (AUTH, AUTH_PROOF) before any other request,
+// and finish the handshake (through HELLO) within a time bound; a message that has started
+// must arrive whole, and a reply be taken whole, within --message-timeout.
+// docs/architecture.md ("Concurrency model: memserver") has the threads and the lock order.
 #pragma once
 
 #include <array>
@@ -28,6 +30,7 @@
 #include "memserver/peers.h"
 #include "memserver/sessions.h"
 #include "memserver/slab_pool.h"
+#include "memserver/workers.h"
 
 namespace rdmaswap {
 
@@ -39,7 +42,12 @@ struct MemserverOptions {
 	uint64_t capacity = uint64_t(1) << 30;
 	uint64_t slab_size = uint64_t(256) << 20;
 	TransportKind transport = TransportKind::Auto;
+	// TCP connections and RDMA QPs open at once; one more is closed (TCP) or rejected (RDMA).
 	unsigned max_connections = 256;
+	// --threads: event loops serving the TCP connections (0: one per CPU, at most 16).
+	unsigned threads = 0;
+	// --workers: threads for the blocking requests (ALLOC, FREE, HELLO, BIND, lists, ...).
+	unsigned workers = 4;
 	bool lock_memory = true;
 	// One key, or two during a key rotation. Empty only with `insecure` (no authentication).
 	std::vector<std::shared_ptr<const AuthKey>> auth_keys;
@@ -97,6 +105,11 @@ public:
 	void stop() { stop_.store(true); }
 
 	uint16_t port() const { return port_; }
+	// The event loops run() starts (--threads, or the CPU count).
+	unsigned loop_threads() const;
+	// False when TCP connections and RDMA QPs together are at --max-connections: the RDMA
+	// service rejects a new QP then.
+	bool room_for_connection() const;
 	bool rdma_enabled() const { return rdma_ != nullptr; }
 	proto::StatsReply stats() const;
 	// Withdraw `bytes` (rounded up to slabs) of capacity: free slabs at once, granted ones
@@ -150,13 +163,16 @@ public:
 
 private:
 	struct Conn;            // one TCP connection (memserver/conn.h)
-	struct Request;         // one request being served (memserver/conn.h)
+	struct Request;         // one control request being applied (memserver/conn.h)
 	enum class Next : uint8_t; // what serving a request leads to (memserver/conn.h)
 	struct Handlers;        // the per-op handlers (memserver/conn.h, handlers.cpp)
+	class Loop;             // one event loop (memserver/conn.h, loop.cpp)
 	void accept_loop();
-	// Accept one connection and admit it (a thread of its own) or close it at once. False
-	// when there was none to accept.
+	// Accept one connection and admit it (to the least loaded event loop) or close it at
+	// once. False when there was none to accept.
 	bool accept_one();
+	// A loop closed `c`: its peer's count drops, and its session is left (on a worker).
+	void connection_closed(const std::shared_ptr<Conn> &c);
 	// The accept loop's periodic work (every 200 ms): reap ended connections, report the
 	// connections refused since the last report (per kind, at most every 5 s), forget idle
 	// peers.
@@ -164,8 +180,6 @@ private:
 	// Lease expiry, and memory handed back to the system after large frees (malloc_trim),
 	// every 200 ms until stop.
 	void lease_loop();
-	// The request loop of connection `c` (its own thread), until it closes or misbehaves.
-	void serve(Conn &c);
 	// HELLO with a session id: join it if the token matches. False: no such session (or it
 	// ended), or a wrong token.
 	bool join_session(uint64_t id, uint64_t token);
@@ -179,7 +193,8 @@ private:
 			  uint32_t lease_s);
 	// The test hook of MemserverOptions::test_lifecycle_pause (under the lifecycle mutex).
 	void lifecycle_pause(const char *step, uint64_t session);
-	void reap(bool all);
+	// Drop closed connections from conns_ (their counters go to the totals).
+	void reap();
 	// Stop connection `id` of `session` from applying any further request, waiting for the
 	// one it may be applying now. No-op if there is no such connection.
 	void fence(uint64_t session, uint64_t id);
@@ -200,6 +215,10 @@ private:
 	uint16_t port_ = 0;
 	std::unique_ptr<RdmaService> rdma_;
 	std::atomic<bool> stop_{false};
+	// Made by run(): the workers first (loops hand them requests), ended after the loops.
+	std::unique_ptr<WorkerPool> workers_;
+	std::vector<std::unique_ptr<Loop>> loops_;
+	std::atomic<unsigned> tcp_open_{0}; // TCP connections admitted and not yet closed
 	std::thread reserve_thread_;
 	std::thread lease_thread_;
 	// Accept loop only: when each kind of refusal was last reported, and the next sweep.
