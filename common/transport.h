@@ -4,6 +4,7 @@
 // RDMA implement it (common/tcp, common/rdma); tests implement it in memory.
 #pragma once
 
+#include <atomic>
 #include <cerrno>
 #include <cstddef>
 #include <cstdint>
@@ -27,6 +28,48 @@ struct SlabGrant {
 
 // Largest number of operations posted to one DataPath before complete().
 inline constexpr unsigned kMaxBatch = 16;
+
+// What a data path did, for accounting (status `rdma_*=` lines, docs/performance.md "RDMA path
+// accounting"). Counts since the path was made; a transport that does not count leaves zeros.
+struct DataPathCounters {
+	uint64_t posts = 0;       // operations handed to the transport (RDMA: work requests)
+	uint64_t doorbells = 0;   // calls that handed them over (RDMA: ibv_post_send)
+	uint64_t polls = 0;       // completion polls (RDMA: ibv_poll_cq)
+	uint64_t polls_empty = 0; // ... of them that found nothing
+	uint64_t completions = 0; // completions reaped (RDMA: work completions)
+	uint64_t arms = 0;        // completion notifications requested (RDMA: ibv_req_notify_cq)
+	uint64_t sleeps = 0;      // waits for a completion in the kernel (RDMA: completion channel)
+	uint64_t batches = 0;     // complete() calls
+
+	DataPathCounters &operator+=(const DataPathCounters &o)
+	{
+		posts += o.posts;
+		doorbells += o.doorbells;
+		polls += o.polls;
+		polls_empty += o.polls_empty;
+		completions += o.completions;
+		arms += o.arms;
+		sleeps += o.sleeps;
+		batches += o.batches;
+		return *this;
+	}
+};
+
+// A counter with one writer at a time (the thread that holds the object it belongs to, handed on
+// under a lock) and readers on any thread. A relaxed load and store, no read-modify-write: on
+// x86-64 a plain load, add and store with no lock prefix, as cheap as a plain uint64_t, yet no
+// data race for a reader. Two threads adding at once would lose counts: never share a writer.
+class SoloCounter {
+public:
+	void add(uint64_t n = 1)
+	{
+		v_.store(v_.load(std::memory_order_relaxed) + n, std::memory_order_relaxed);
+	}
+	uint64_t get() const { return v_.load(std::memory_order_relaxed); }
+
+private:
+	std::atomic<uint64_t> v_{0};
+};
 
 // One data connection to one memserver. Not thread-safe: exactly one thread uses it at a time
 // (the plugin gives each worker channel its own). After setup it never allocates memory.
@@ -53,6 +96,9 @@ public:
 	// failed completion, ETIMEDOUT mapped to EIO, EACCES/EINVAL if the server refused), and the
 	// batch is discarded. A failed connection is re-established on a later post, with backoff.
 	virtual int complete() = 0;
+	// What this path did so far. Unlike the rest, callable from any thread while another uses
+	// the path (the values may be a moment old). Not for the data path: the status report.
+	virtual DataPathCounters counters() const { return {}; }
 };
 
 // Facts a memserver reported in its HELLO reply.

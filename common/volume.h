@@ -116,8 +116,9 @@ public:
 	int zero(uint32_t count, uint64_t offset, bool fast_only);
 
 	VolumeStats stats() const;
-	// The status report: stats() plus one line per donor, as `key=value` lines (control
-	// path: allocates).
+	// The status report: stats(), the I/O channels' request and data path counters (summed
+	// without taking a channel), and one line per donor, as `key=value` lines (control path:
+	// allocates).
 	std::string status_text() const;
 	// Wake the repair thread now (tests; also called on every donor failure).
 	void kick_repair();
@@ -173,6 +174,8 @@ private:
 		TimedMutex mu;
 		std::byte *buf = nullptr;
 		std::vector<std::unique_ptr<DataPath>> paths; // one per server
+		// Requests served (written under `mu`, read by status_text()).
+		SoloCounter reads, writes;
 	};
 	// A channel held by this thread until destroyed (null if none could be had in time).
 	class ChannelRef {

@@ -201,6 +201,7 @@ int Volume::pread(void *buf, uint32_t count, uint64_t offset)
 	ChannelRef ch = channel();
 	if (!ch)
 		return EIO;
+	ch->reads.add();
 	auto *dst = static_cast<std::byte *>(buf);
 	uint64_t done = 0;
 	while (done < count) {
@@ -222,6 +223,7 @@ int Volume::write_range(const std::byte *src, uint64_t count, uint64_t offset, b
 	// A slab trimmed between its allocation and the write is allocated again, until the
 	// deadline (a trim loop racing us), then the write fails.
 	const auto until = deadline();
+	bool counted = false; // a pwrite (src set) counts once, on the first channel it takes
 	while (done < count) {
 		const uint64_t at = offset + done;
 		uint32_t len = chunk_len(at, count - done);
@@ -236,6 +238,10 @@ int Volume::write_range(const std::byte *src, uint64_t count, uint64_t offset, b
 			ChannelRef ch = channel();
 			if (!ch)
 				return EIO;
+			if (src && !counted) {
+				ch->writes.add();
+				counted = true;
+			}
 			if (src)
 				std::memcpy(ch->buf, src + done, len);
 			else

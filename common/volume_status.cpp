@@ -62,6 +62,27 @@ std::string Volume::status_text() const
 	kv("migrate_pending", std::to_string(st.migrate_pending));
 	kv("clone_aborts", std::to_string(st.clone_aborts));
 	kv("switch_us_max", std::to_string(st.switch_us_max));
+	// The I/O channels' requests and data path counters (not the repair thread's copies):
+	// docs/performance.md, "RDMA path accounting".
+	uint64_t reads = 0, writes = 0;
+	DataPathCounters dp;
+	for (const auto &ch : channels_) {
+		reads += ch->reads.get();
+		writes += ch->writes.get();
+		for (const auto &p : ch->paths)
+			dp += p->counters();
+	}
+	kv("io_requests", std::to_string(reads + writes));
+	kv("io_reads", std::to_string(reads));
+	kv("io_writes", std::to_string(writes));
+	kv("data_batches", std::to_string(dp.batches));
+	kv("rdma_posts", std::to_string(dp.posts));
+	kv("rdma_doorbells", std::to_string(dp.doorbells));
+	kv("rdma_polls", std::to_string(dp.polls));
+	kv("rdma_polls_empty", std::to_string(dp.polls_empty));
+	kv("rdma_completions", std::to_string(dp.completions));
+	kv("rdma_arms", std::to_string(dp.arms));
+	kv("rdma_sleeps", std::to_string(dp.sleeps));
 	const int64_t now = now_ns();
 	for (size_t i = 0; i < servers_.size(); i++) {
 		const bool alive = servers_[i]->session_alive();

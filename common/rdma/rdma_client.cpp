@@ -134,6 +134,7 @@ public:
 	}
 
 	int complete() override;
+	DataPathCounters counters() const override;
 
 private:
 	void connect();
@@ -168,6 +169,11 @@ private:
 	int error_ = 0;
 	uint64_t seq_ = 0;
 	Backoff backoff_;
+
+	// Accounting (counters()): written by the thread holding the path, read by the status.
+	struct {
+		SoloCounter posts, doorbells, polls, polls_empty, completions, arms, sleeps, batches;
+	} acct_;
 };
 
 void RdmaDataPath::connect()
@@ -325,6 +331,11 @@ int RdmaDataPath::wait(uint64_t seq)
 	for (;;) {
 		ibv_wc wc[kMaxBatch];
 		const int n = ibv_poll_cq(cq_.get(), int(kMaxBatch), wc);
+		acct_.polls.add();
+		if (n > 0)
+			acct_.completions.add(unsigned(n));
+		else if (n == 0)
+			acct_.polls_empty.add();
 		if (n < 0)
 			return fail(EIO, "ibv_poll_cq", std::strerror(errno));
 		bool done = false;
@@ -344,12 +355,14 @@ int RdmaDataPath::wait(uint64_t seq)
 		if (now - start < kSpin)
 			continue; // bounded busy-poll: most completions arrive within it on real NICs
 		if (!armed) {
+			acct_.arms.add();
 			if (ibv_req_notify_cq(cq_.get(), 0))
 				return fail(EIO, "ibv_req_notify_cq", std::strerror(errno));
 			armed = true;
 			continue; // poll once more: a completion may have raced the arming
 		}
 		// Sleep on the completion channel until the deadline, or until a stop request.
+		acct_.sleeps.add();
 		const int w = wait_ready(comp_->fd, POLLIN, deadline);
 		if (w == ECANCELED)
 			return fail(EIO, "completion", "stopped (shutting down)");
@@ -368,6 +381,7 @@ int RdmaDataPath::wait(uint64_t seq)
 
 int RdmaDataPath::complete()
 {
+	acct_.batches.add();
 	if (error_ || n_ == 0) {
 		const int r = error_;
 		n_ = 0;
@@ -380,6 +394,8 @@ int RdmaDataPath::complete()
 	last.next = nullptr;
 	last.send_flags |= IBV_SEND_SIGNALED;
 	last.wr_id = ++seq_;
+	acct_.posts.add(n_);
+	acct_.doorbells.add();
 	n_ = 0;
 	ibv_send_wr *bad = nullptr;
 	if (int rc = ibv_post_send(qp_->qp, &wrs_[0], &bad))
@@ -389,6 +405,20 @@ int RdmaDataPath::complete()
 	const int r = error_;
 	error_ = 0;
 	return r;
+}
+
+DataPathCounters RdmaDataPath::counters() const
+{
+	DataPathCounters c;
+	c.posts = acct_.posts.get();
+	c.doorbells = acct_.doorbells.get();
+	c.polls = acct_.polls.get();
+	c.polls_empty = acct_.polls_empty.get();
+	c.completions = acct_.completions.get();
+	c.arms = acct_.arms.get();
+	c.sleeps = acct_.sleeps.get();
+	c.batches = acct_.batches.get();
+	return c;
 }
 
 } // namespace

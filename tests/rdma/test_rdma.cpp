@@ -250,6 +250,127 @@ TEST_CASE("A memserver that goes away makes I/O fail with EIO promptly")
 	CHECK(err == EIO);
 }
 
+namespace {
+DataPathCounters minus(const DataPathCounters &a, const DataPathCounters &b)
+{
+	DataPathCounters d;
+	d.posts = a.posts - b.posts;
+	d.doorbells = a.doorbells - b.doorbells;
+	d.polls = a.polls - b.polls;
+	d.polls_empty = a.polls_empty - b.polls_empty;
+	d.completions = a.completions - b.completions;
+	d.arms = a.arms - b.arms;
+	d.sleeps = a.sleeps - b.sleeps;
+	d.batches = a.batches - b.batches;
+	return d;
+}
+
+// The value of `key=` in a status report (UINT64_MAX if the line is missing).
+uint64_t status_value(const std::string &text, const std::string &key)
+{
+	const std::string k = "\n" + key + "=";
+	const size_t at = ("\n" + text).find(k);
+	if (at == std::string::npos)
+		return UINT64_MAX;
+	return std::stoull(text.substr(at + k.size() - 1));
+}
+} // namespace
+
+// Issue 13, "RDMA path accounting": a batch of k work requests is one ibv_post_send (doorbell)
+// and one work completion (only its last request is signaled), whatever k is.
+TEST_CASE("RDMA accounting: one doorbell and one completion per batch, whatever its size")
+{
+	TestServer ts;
+	Client c(ts.endpoint());
+	SlabGrant g;
+	REQUIRE(c.server->alloc_slab(g) == 0);
+	fill(c.region.data(), 1 << 20, 3);
+	for (unsigned k : {1u, 4u, kMaxBatch}) {
+		INFO("batch of " << k);
+		const DataPathCounters w0 = c.path->counters();
+		for (unsigned i = 0; i < k; i++) // small ones go inline
+			REQUIRE(c.path->post_write(g, i * 8192, i % 2 ? 64 : 8192,
+						   c.region.data() + i * 8192) == 0);
+		REQUIRE(c.path->complete() == 0);
+		const DataPathCounters r0 = c.path->counters();
+		for (unsigned i = 0; i < k; i++)
+			REQUIRE(c.path->post_read(g, i * 8192, 4096, c.region.data() + (2 << 20) + i * 8192) == 0);
+		REQUIRE(c.path->complete() == 0);
+		for (unsigned i = 0; i < k; i++)
+			REQUIRE(std::memcmp(c.region.data() + (2 << 20) + i * 8192,
+					    c.region.data() + i * 8192, i % 2 ? 64 : 4096) == 0);
+		const DataPathCounters w = minus(r0, w0), r = minus(c.path->counters(), r0);
+		for (const DataPathCounters &d : {w, r}) {
+			CHECK(d.posts == k);
+			CHECK(d.doorbells == 1);
+			CHECK(d.batches == 1);
+			CHECK(d.completions == 1);
+			CHECK(d.polls >= 1);
+			CHECK(d.polls - d.polls_empty == 1); // the one poll that found the completion
+			CHECK(d.sleeps <= d.arms);
+		}
+	}
+	// complete() with nothing posted rings no doorbell and polls nothing.
+	const DataPathCounters e0 = c.path->counters();
+	REQUIRE(c.path->complete() == 0);
+	const DataPathCounters e = minus(c.path->counters(), e0);
+	CHECK(e.batches == 1);
+	CHECK(e.doorbells == 0);
+	CHECK(e.polls == 0);
+}
+
+// The same through the Volume and its status report: every request crosses a slab boundary,
+// so it is two work requests on one QP, rung with one doorbell.
+TEST_CASE("RDMA accounting through the Volume: one doorbell per request, summed in the status")
+{
+	constexpr uint64_t kSlab = 1 << 20;
+	TestServer ts(64ull << 20, kSlab);
+	auto ctx = std::make_unique<rdma::ClientContext>(ts.endpoint(), std::chrono::seconds(5));
+	RemoteServerOptions o;
+	o.endpoint = ts.endpoint();
+	o.kind = TransportKind::Rdma;
+	o.rdma = ctx.get();
+	o.auth_key = test_key();
+	std::vector<std::unique_ptr<Server>> servers;
+	servers.push_back(std::make_unique<RemoteServer>(o));
+	VolumeOptions vo;
+	vo.size = 16 * kSlab;
+	vo.channels = 2;
+	Volume vol(std::move(servers), vo);
+	std::vector<std::byte> buf(8192), back(8192);
+	for (uint64_t s = 1; s < 16; s++) { // allocate every slab first (control path)
+		fill(buf.data(), buf.size(), s);
+		REQUIRE(vol.pwrite(buf.data(), 4096, s * kSlab - 4096) == 0);
+		REQUIRE(vol.pwrite(buf.data(), 4096, s * kSlab) == 0);
+	}
+	const std::string before = vol.status_text();
+	constexpr unsigned kRequests = 200;
+	for (unsigned i = 0; i < kRequests; i++) {
+		const uint64_t off = ((i / 2) % 15 + 1) * kSlab - 4096; // read i: where i-1 wrote
+		if (i % 2 == 0) {
+			fill(buf.data(), buf.size(), 1000 + i);
+			REQUIRE(vol.pwrite(buf.data(), 8192, off) == 0);
+		} else {
+			REQUIRE(vol.pread(back.data(), 8192, off) == 0);
+			fill(buf.data(), buf.size(), 1000 + i - 1);
+			REQUIRE(std::memcmp(back.data(), buf.data(), 8192) == 0);
+		}
+	}
+	const std::string after = vol.status_text();
+	INFO(after);
+	auto delta = [&](const char *key) {
+		REQUIRE(status_value(after, key) != UINT64_MAX);
+		return status_value(after, key) - status_value(before, key);
+	};
+	CHECK(delta("io_requests") == kRequests);
+	CHECK(delta("rdma_posts") == 2 * kRequests);
+	CHECK(delta("rdma_doorbells") == kRequests); // one doorbell per WR would be 2x
+	CHECK(delta("data_batches") == kRequests);
+	CHECK(delta("rdma_completions") == kRequests);
+	CHECK(delta("rdma_polls") >= kRequests);
+	CHECK(delta("rdma_sleeps") <= delta("rdma_arms"));
+}
+
 int main(int argc, char **argv)
 {
 	const char *addr = std::getenv("RDMASWAP_TEST_RDMA_ADDR");

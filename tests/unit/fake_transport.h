@@ -153,6 +153,7 @@ public:
 	{
 		Busy busy(this);
 		b_->completes++;
+		batches_.add();
 		std::vector<Op> batch;
 		batch.swap(batch_);
 		if (int us = b_->complete_delay_us.load())
@@ -191,6 +192,14 @@ public:
 			}
 		}
 		return 0;
+	}
+	// posts: operations accepted; batches: complete() calls (what status_text sums).
+	DataPathCounters counters() const override
+	{
+		DataPathCounters c;
+		c.posts = posts_.get();
+		c.batches = batches_.get();
+		return c;
 	}
 
 private:
@@ -255,6 +264,7 @@ private:
 			return EINVAL;
 		}
 		batch_.push_back(Op{write, g.id, off, len, local});
+		posts_.add();
 		return 0;
 	}
 
@@ -262,6 +272,7 @@ private:
 	std::span<std::byte> region_;
 	std::vector<Op> batch_;
 	std::atomic<bool> busy_{false};
+	SoloCounter posts_, batches_;
 };
 
 class FakeServer : public Server { // not final: bench/cpu_per_request.cpp swaps its data path

@@ -1127,3 +1127,86 @@ TEST_CASE("volume: slabs moved by a give-back carry their epoch: a restart reatt
 	CHECK(compare_all(*v2, shadow) == -1);
 	check_no_violations(bs);
 }
+
+namespace {
+// The value of `key=` in a status report (UINT64_MAX if the line is missing).
+uint64_t status_value(const std::string &text, const std::string &key)
+{
+	const std::string k = key + "=";
+	for (size_t at = 0; at < text.size();) {
+		const size_t end = std::min(text.find('\n', at), text.size());
+		if (text.compare(at, k.size(), k) == 0)
+			return std::stoull(text.substr(at + k.size(), end - at - k.size()));
+		at = end + 1;
+	}
+	return UINT64_MAX;
+}
+} // namespace
+
+TEST_CASE("volume: the status report counts requests and sums every channel's data path counters",
+	  "[volume][status]")
+{
+	quiet();
+	std::vector<std::shared_ptr<FakeBackend>> bs{backend("m0", 64), backend("m1", 64)};
+	auto o = opts(32 * SS, 2);
+	o.replicas = 2;
+	auto v = make_volume(bs, o);
+	std::string st = v->status_text();
+	CHECK(status_value(st, "io_requests") == 0);
+	CHECK(status_value(st, "rdma_posts") == 0);
+	constexpr unsigned kFill = 32; // every slab written first: every read goes to a donor
+	const Bytes fill = pattern(SS, 99);
+	for (unsigned i = 0; i < kFill; i++)
+		REQUIRE(v->pwrite(fill.data(), uint32_t(SS), i * SS) == 0);
+	const uint64_t posts0 = status_value(v->status_text(), "rdma_posts");
+
+	// 4 threads over 2 channels: channels change hands, and no count may be lost.
+	constexpr unsigned kThreads = 4, kEach = 150;
+	std::atomic<bool> stop{false};
+	std::atomic<unsigned> errors{0};
+	std::thread reader([&] { // the status thread reads while requests run
+		while (!stop)
+			(void)v->status_text();
+	});
+	std::vector<std::thread> ts;
+	for (unsigned t = 0; t < kThreads; t++)
+		ts.emplace_back([&, t] {
+			const Bytes data = pattern(8 * KiB, t);
+			Bytes back(8 * KiB);
+			for (unsigned i = 0; i < kEach; i++) {
+				// 8 KiB across a slab boundary: two operations per data path, one batch
+				const uint64_t off = ((t * kEach + i) % 31 + 1) * SS - 4 * KiB;
+				if (i % 3 == 0)
+					errors += v->pwrite(data.data(), 8 * KiB, off) != 0;
+				else
+					errors += v->pread(back.data(), 8 * KiB, off) != 0;
+			}
+		});
+	for (auto &t : ts)
+		t.join();
+	stop = true;
+	reader.join();
+	REQUIRE(errors == 0);
+	// Neither zero() nor trim() is a READ or WRITE request.
+	REQUIRE(v->zero(100, 5 * SS + 7, false) == 0);
+	REQUIRE(v->trim(uint32_t(2 * SS), 20 * SS) == 0);
+
+	st = v->status_text();
+	INFO(st);
+	const uint64_t writes = kFill + kThreads * ((kEach + 2) / 3);
+	CHECK(status_value(st, "io_writes") == writes);
+	CHECK(status_value(st, "io_reads") == kFill + kThreads * kEach - writes);
+	CHECK(status_value(st, "io_requests") == kFill + kThreads * kEach);
+	uint64_t posts = 0, completes = 0;
+	for (auto &b : bs) {
+		posts += b->posted_reads + b->posted_writes;
+		completes += b->completes;
+	}
+	// The repair thread did nothing here, so every operation went through an I/O channel.
+	CHECK(status_value(st, "rdma_posts") == posts);
+	CHECK(status_value(st, "data_batches") == completes);
+	CHECK(status_value(st, "rdma_posts") - posts0 >= 2 * kThreads * kEach); // two slabs each
+	CHECK(status_value(st, "rdma_doorbells") == 0); // the fake does not count these
+	CHECK(status_value(st, "rdma_sleeps") == 0);
+	check_no_violations(bs);
+}

@@ -30,7 +30,7 @@ usage: run-vm-test.sh [--mode rdma|tcp|memory|kill|pressure|twohost] [--bench] [
                     the whole-VM pressure deadlock that real-time priority prevents (README)
   --runs L          one boot, these swap runs in order (comma-separated), then a table; a run
                     is [pressure-][crypt-]rdma|tcp|memory, e.g. pressure-rdma,pressure-tcp,crypt-rdma,
-                    or repkill-rdma|tcp, or alloc-rdma|tcp (below)
+                    or repkill-rdma|tcp, or alloc-rdma|tcp, or acct-rdma|tcp (below)
   --extra-runs L    runs added to the boot of --mode rdma|tcp|memory (after its own run) or
                     --mode kill (before the kill), same names as --runs
                     repkill-T: 3 memservers, plugin replicas=2 over T, cgroup swap, one memserver
@@ -47,11 +47,19 @@ usage: run-vm-test.sh [--mode rdma|tcp|memory|kill|pressure|twohost] [--bench] [
                     reconnect-T: swap on /dev/nbd0 attached by rdmaswap-nbd connect
                     (netlink, dead-connection timeout), nbdkit killed -9 mid-swapload and
                     restarted, rdmaswap-nbd reconnect: every page must verify, no I/O error
+                    acct-T: data path accounting (issue 13): fio's nbd engine on nbdkit with
+                    the plugin over T, rows of random reads and writes; per request the
+                    WRs posted, doorbells, CQ polls (empty), completions, sleeps, batches and
+                    nbdkit CPU, from the plugin's status file (RDMASWAP-VM-ACCT lines; fio is
+                    copied into the image; bench/rdma-accounting.sh)
                     soak-T: the fault soak (issue 11): 3 memservers over T, each on its own
                     veth link, replicas=2; swapload and a 4 KiB O_DIRECT probe of /dev/nbd0
                     every 100 ms while netem delay, netem loss, an nftables partition,
                     SIGSTOP/SIGCONT and kill -9 + restart hit one donor after another; every
                     page verified, no I/O error, no hung task (report: RDMASWAP-VM-SOAK lines)
+  --acct-seconds N  acct runs: seconds of fio per row (default 5)
+  --acct-rows L     acct runs: the rows, RW:BS:QD separated by spaces (default "randread:4k:1
+                    randwrite:4k:1 randread:4k:32 randwrite:4k:32 randread:32k:8")
   --soak-seconds N  soak runs: how long the workload, probe and faults last (default 120)
   --soak-seed N     soak runs: seed of the fault schedule (default: random, printed)
   --soak-timeout N  soak runs: the plugin's timeout= in seconds (default 3)
@@ -109,6 +117,8 @@ REA_LEASE=60
 REA_VOLUME2=""
 REC_SKIP=0
 ALLOC_REQUESTS=100000
+ACCT_SECONDS=5
+ACCT_ROWS=""
 SOAK_SECONDS=120
 SOAK_SEED=""
 SOAK_PLUGIN_TIMEOUT=3
@@ -157,6 +167,8 @@ while [ $# -gt 0 ]; do
         --reattach-volume) REA_VOLUME2=${2:?}; shift ;;
         --no-reconnect) REC_SKIP=1 ;;
         --alloc-requests) ALLOC_REQUESTS=${2:?}; shift ;;
+        --acct-seconds) ACCT_SECONDS=${2:?}; shift ;;
+        --acct-rows) ACCT_ROWS=${2:?}; shift ;;
         --soak-seconds) SOAK_SECONDS=${2:?}; shift ;;
         --soak-seed) SOAK_SEED=${2:?}; shift ;;
         --soak-timeout) SOAK_PLUGIN_TIMEOUT=${2:?}; shift ;;
@@ -219,12 +231,14 @@ if [ -n "$EXTRA_RUNS" ]; then
     esac
 fi
 RUNS=$(xargs <<< "$RUNS")   # trim
-has_pressure=0 has_cgroup=0 has_crypt=0 has_alloc=0 has_reconnect=0 has_soak=0 run_transports=""
+has_pressure=0 has_cgroup=0 has_crypt=0 has_alloc=0 has_reconnect=0 has_soak=0 has_acct=0
+run_transports=""
 for r in $RUNS; do
     t=$r
     case "$t" in
         repkill-rdma|repkill-tcp) has_cgroup=1; run_transports+=" ${t#repkill-}"; continue ;;
         alloc-rdma|alloc-tcp) has_alloc=1; run_transports+=" ${t#alloc-}"; continue ;;
+        acct-rdma|acct-tcp) has_acct=1; run_transports+=" ${t#acct-}"; continue ;;
         reattach-rdma|reattach-tcp) run_transports+=" ${t#reattach-}"; continue ;;
         persist-rdma|persist-tcp) has_cgroup=1; run_transports+=" ${t#persist-}"; continue ;;
         reconnect-rdma|reconnect-tcp) has_cgroup=1; has_reconnect=1; run_transports+=" ${t#reconnect-}"; continue ;;
@@ -232,7 +246,7 @@ for r in $RUNS; do
     esac
     case "$t" in pressure-*) has_pressure=1; t=${t#pressure-} ;; *) has_cgroup=1 ;; esac
     case "$t" in crypt-*) has_crypt=1; t=${t#crypt-} ;; esac
-    case "$t" in rdma|tcp|memory) run_transports+=" $t" ;; *) die "unknown swap run '$r' (want [pressure-][crypt-]rdma|tcp|memory, repkill-, alloc-, reattach-, persist-, reconnect- or soak-rdma|tcp)" ;; esac
+    case "$t" in rdma|tcp|memory) run_transports+=" $t" ;; *) die "unknown swap run '$r' (want [pressure-][crypt-]rdma|tcp|memory, repkill-, alloc-, acct-, reattach-, persist-, reconnect- or soak-rdma|tcp)" ;; esac
 done
 [ "$MODE" != twohost ] || has_cgroup=1
 case "$MODE" in kill|twohost) ;; *) [ -n "$RUNS" ] || die "no swap runs given" ;; esac
@@ -257,10 +271,14 @@ is_uint "$SYSRQ_BEFORE" || die "--sysrq-before needs an integer"
 is_uint "$REA_LEASE" || die "--reattach-lease needs an integer"
 [ -z "$REA_VOLUME2" ] || [[ "$REA_VOLUME2" =~ ^[!-~]{1,64}$ ]] || die "--reattach-volume: 1 to 64 printable characters, no space"
 for v in MIB PASSES CONNS TIMEOUT MEM SMP PRESSURE_EXTRA REPLICAS ALLOC_REQUESTS SOAK_SECONDS \
-        SOAK_PLUGIN_TIMEOUT SOAK_MIB; do
+        SOAK_PLUGIN_TIMEOUT SOAK_MIB ACCT_SECONDS; do
     is_uint "${!v}" && [ "${!v}" -gt 0 ] || die "--${v,,} needs a positive integer"
 done
 [ "$SOAK_MIB" -ge 48 ] || die "--soak-mib must be at least 48 (the soak's cgroup has memory.max=32M)"
+for r in $ACCT_ROWS; do
+    [[ "$r" =~ ^(randread|randwrite|read|write):[0-9]+[kKmM]?:[0-9]+$ ]] \
+        || die "--acct-rows: '$r' is not RW:BS:QD (e.g. randread:4k:32)"
+done
 [ -n "$SOAK_SEED" ] || SOAK_SEED=$((RANDOM * 32768 + RANDOM))
 is_uint "$SOAK_SEED" || die "--soak-seed needs an integer"
 [[ "$CG_MAX" =~ ^[0-9]+M$ ]] || die "--cg-max needs a size in MiB like 64M"
@@ -322,6 +340,8 @@ if [ "$has_soak" != 0 ]; then
     NFT=$(need_cmd nft nftables)
     CHRT=$(need_cmd chrt util-linux)
 fi
+FIO=""
+[ "$has_acct" = 0 ] || FIO=$(need_cmd fio fio)
 CRYPTSETUP=""
 if [ "$has_crypt" = 1 ]; then
     CRYPTSETUP=$(need_cmd cryptsetup cryptsetup-bin)
@@ -525,6 +545,8 @@ done
 [ -z "$TC" ] || add_elf "$TC" /usr/sbin/tc
 [ -z "$NFT" ] || add_elf "$NFT" /usr/sbin/nft
 [ -z "$CHRT" ] || add_elf "$CHRT" /usr/bin/chrt   # the injector runs real-time
+# acct runs: fio (its nbd engine is built in; its libraries are ~80 MiB, so only then)
+[ -z "$FIO" ] || add_elf "$FIO" /usr/bin/fio
 
 # the project's binaries
 [ -x "$B_SWAPLOAD" ] && add_elf "$B_SWAPLOAD" /usr/local/bin/swapload
@@ -620,6 +642,8 @@ SOAK_SECONDS=$SOAK_SECONDS
 SOAK_SEED=$SOAK_SEED
 SOAK_PLUGIN_TIMEOUT=$SOAK_PLUGIN_TIMEOUT
 SOAK_MIB=$SOAK_MIB
+ACCT_SECONDS=$ACCT_SECONDS
+${ACCT_ROWS:+ACCT_ROWS="$ACCT_ROWS"}
 EOF
 printf 'root:x:0:0:root:/root:/bin/sh\n' > "$ROOT/etc/passwd"
 printf 'root:x:0:\n' > "$ROOT/etc/group"
@@ -785,6 +809,7 @@ for n in "${VM_NAMES[@]}"; do
         fi
         grep -a '^RDMASWAP-VM-BENCH:' "$WORK/console-$n.txt" | sed 's/^RDMASWAP-VM-BENCH: //' || true
         grep -a '^RDMASWAP-VM-SOAK:' "$WORK/console-$n.txt" | sed 's/^RDMASWAP-VM-SOAK: /soak: /' || true
+        grep -a '^RDMASWAP-VM-ACCT:' "$WORK/console-$n.txt" | sed 's/^RDMASWAP-VM-ACCT: /acct: /' || true
     else
         failed+=("$label$VERDICT")
         if [ "$VERBOSE" != 1 ]; then
