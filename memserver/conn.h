@@ -108,6 +108,9 @@ struct Memserver::Conn {
 	std::vector<std::byte> ctl_reply;
 	Next ctl_next{};
 	bool ctl_replied = false;
+	// Set (release) by the worker once the fields above hold its result. A fence may hand
+	// the connection to its loop before that: the loop unparks it only when this is set.
+	std::atomic<bool> ctl_done{false};
 };
 
 // One control request being applied (by a worker, or inline by the loop for the cheap ops):

@@ -139,8 +139,11 @@ void Memserver::Loop::take_handovers()
 		Conn &c = *cp;
 		if (c.done.load() || c.fd.get() < 0)
 			continue; // closed meanwhile
-		if (c.parked)
+		if (c.parked) {
+			if (!c.ctl_done.load(std::memory_order_acquire))
+				continue; // a fence's hand-over: the worker's own comes later
 			unpark(c);
+		}
 		if (c.fenced.load()) { // replaced by a reconnect: apply nothing more
 			logger("memserver")->debug("{}: closing a fenced connection", c.peer);
 			finish(c, true);
@@ -620,6 +623,7 @@ void Memserver::Loop::park(Conn &c, const proto::Header &h, std::span<const std:
 						proto::op_name(k.ctl_h.op),
 						r.malformed ? r.malformed : "bad request"));
 		Loop *loop = k.loop;
+		k.ctl_done.store(true, std::memory_order_release);
 		loop->wake(std::move(cp));
 	});
 }
@@ -627,6 +631,7 @@ void Memserver::Loop::park(Conn &c, const proto::Header &h, std::span<const std:
 void Memserver::Loop::unpark(Conn &c)
 {
 	c.parked = false;
+	c.ctl_done.store(false, std::memory_order_relaxed);
 	if (c.ctl_replied) {
 		if (c.ctl_reply.size() <= Conn::kSmallReply)
 			queue_reply(c, c.ctl_h, c.ctl_status, c.ctl_reply);
