@@ -1,6 +1,7 @@
 // SPDX-License-Identifier: MIT
 // RdmaService: rdma_cm listener, per-session PD and per-slab MRs, QP lifecycle. The event
-// thread handles connection events only; no CPU work happens per page.
+// thread handles connection events only and hands each connect request (which may register
+// every slab of a session) to the memserver's workers; no CPU work happens per page.
 #include "memserver/rdma_service.h"
 
 #include <poll.h>
@@ -47,14 +48,15 @@ struct RdmaService::Impl {
 		std::unordered_map<uint32_t, Mr> mrs;
 	};
 
-	Impl(SlabPool &p, SessionTable &s, Memserver &o, bool check)
-		: pool(p), sessions(s), owner(o), check_attach(check)
+	Impl(SlabPool &p, SessionTable &s, Memserver &o, WorkerPool &w, bool check)
+		: pool(p), sessions(s), owner(o), workers(w), check_attach(check)
 	{
 	}
 
 	SlabPool &pool;
 	SessionTable &sessions;
 	Memserver &owner;
+	WorkerPool &workers;
 	const bool check_attach;
 	EventChannel ch;
 	CmId listen_id;
@@ -66,10 +68,15 @@ struct RdmaService::Impl {
 	std::thread thread;
 
 	void loop();
-	// Accept or reject a data QP. Rejected ids go to `reject_ids` (destroyed after the event
-	// is acked); sessions whose reference must be dropped go to `leave` (left without `mu`).
-	void on_connect_request(rdma_cm_event *ev, std::vector<CmId> &reject_ids,
-				std::vector<uint64_t> &leave);
+	// What a worker needs of a connect request (its event is acked by then).
+	struct ConnectRequest {
+		rdma_cm_id *id = nullptr;        // ours from the event on: accepted or destroyed
+		bool has_data = false;           // the private data held a whole ConnectData
+		ConnectData cd;
+		uint8_t responder_resources = 0;
+	};
+	// Accept or reject a data QP (on a worker: it may register every slab of the session).
+	void on_connect_request(const ConnectRequest &req);
 	std::unique_ptr<Conn> take_conn(rdma_cm_id *id);
 	int register_slab(SessionState &st, uint32_t slab);
 };
@@ -80,8 +87,9 @@ bool RdmaService::devices_present()
 }
 
 RdmaService::RdmaService(const std::string &listen, uint16_t port, SlabPool &pool,
-			 SessionTable &sessions, Memserver &owner, bool check_attach)
-	: impl_(std::make_unique<Impl>(pool, sessions, owner, check_attach))
+			 SessionTable &sessions, Memserver &owner, WorkerPool &workers,
+			 bool check_attach)
+	: impl_(std::make_unique<Impl>(pool, sessions, owner, workers, check_attach))
 {
 	if (!rdma::devices_present())
 		throw std::runtime_error("no RDMA device (for Soft-RoCE: rdma link add rxe0 type rxe "
@@ -115,11 +123,16 @@ RdmaService::RdmaService(const std::string &listen, uint16_t port, SlabPool &poo
 	logger("rdma")->info("RDMA listening on {}:{}", listen, port);
 }
 
-RdmaService::~RdmaService()
+void RdmaService::stop_events()
 {
 	impl_->stop.store(true);
 	if (impl_->thread.joinable())
 		impl_->thread.join();
+}
+
+RdmaService::~RdmaService()
+{
+	stop_events();
 	std::lock_guard lock(impl_->mu);
 	for (auto &[id, c] : impl_->conns)
 		rdma_disconnect(id);
@@ -172,11 +185,21 @@ void RdmaService::end_session(uint64_t session)
 	impl_->states.erase(session);
 }
 
-void RdmaService::Impl::on_connect_request(rdma_cm_event *ev, std::vector<CmId> &reject_ids,
-					    std::vector<uint64_t> &leave)
+void RdmaService::Impl::on_connect_request(const ConnectRequest &req)
 {
 	auto log = logger("rdma");
-	rdma_cm_id *id = ev->id;
+	rdma_cm_id *id = req.id;
+	CmId reject_id;                 // destroyed on return (the event was acked already)
+	std::vector<uint64_t> leave;    // sessions left on return, without `mu`
+	struct LeaveOnReturn {
+		Memserver &owner;
+		std::vector<uint64_t> &leave;
+		~LeaveOnReturn()
+		{
+			for (uint64_t s : leave)
+				owner.leave_session(s); // may call end_session, which takes `mu`
+		}
+	} leave_on_return{owner, leave};
 	auto reject = [&](uint32_t status, const char *why) {
 		SockAddr peer;
 		if (const sockaddr *sa = rdma_get_peer_addr(id))
@@ -185,14 +208,13 @@ void RdmaService::Impl::on_connect_request(rdma_cm_event *ev, std::vector<CmId> 
 		owner.warn_peer(Memserver::PeerEvent::Auth, "refusing RDMA connection from " + peer.str() + ": " + why);
 		RejectData r{status};
 		rdma_reject(id, &r, sizeof r);
-		reject_ids.emplace_back(id); // destroyed after the event is acked
+		reject_id.reset(id);
 	};
-	ConnectData cd;
-	if (ev->param.conn.private_data_len < sizeof cd) {
+	if (!req.has_data) {
 		reject(EPROTO, "connect request without session data");
 		return;
 	}
-	std::memcpy(&cd, ev->param.conn.private_data, sizeof cd);
+	const ConnectData &cd = req.cd;
 	if (cd.magic != ConnectData{}.magic || cd.version != ConnectData{}.version) {
 		reject(EPROTO, "connect request with a bad magic or version");
 		return;
@@ -211,13 +233,13 @@ void RdmaService::Impl::on_connect_request(rdma_cm_event *ev, std::vector<CmId> 
 			return;
 		}
 	}
-	// The join and the session's PD in one step with respect to the other session
-	// transitions: a session being detached or ended drops its PD under the same lock, so it
-	// never drops the PD of a QP that joined in between (and an ended session is not joined).
 	if (!owner.room_for_connection()) { // --max-connections counts QPs and TCP connections
 		reject(EBUSY, "over --max-connections (TCP connections and RDMA QPs together)");
 		return;
 	}
+	// The join and the session's PD in one step with respect to the other session
+	// transitions: a session being detached or ended drops its PD under the same lock, so it
+	// never drops the PD of a QP that joined in between (and an ended session is not joined).
 	auto life = owner.lifecycle_lock();
 	if (!sessions.join(cd.session_id, cd.token)) {
 		reject(ENOENT, "unknown session or wrong token");
@@ -273,18 +295,22 @@ void RdmaService::Impl::on_connect_request(rdma_cm_event *ev, std::vector<CmId> 
 	ibv_query_device(id->verbs, &attr);
 	rdma_conn_param cp{};
 	cp.responder_resources =
-		uint8_t(std::min<int>(ev->param.conn.responder_resources, attr.max_qp_rd_atom));
+		uint8_t(std::min<int>(req.responder_resources, attr.max_qp_rd_atom));
 	cp.initiator_depth = 0;
 	cp.rnr_retry_count = 7;
+	// In the table before the accept (still under `mu`): its ESTABLISHED event finds it.
+	Conn &ref = *c;
+	conns[id] = std::move(c);
 	if (rdma_accept(id, &cp)) {
 		const std::string why = errno_text("rdma_accept");
-		c->qp.reset();
-		c->cq.reset();
-		c->id.release();
+		auto gone = std::move(conns[id]);
+		conns.erase(id);
+		ref.qp.reset();
+		ref.cq.reset();
+		ref.id.release();
 		fail(EIO, why);
 		return;
 	}
-	conns[id] = std::move(c);
 	log->debug("accepted RDMA QP for session {:016x}", cd.session_id);
 }
 
@@ -309,13 +335,21 @@ void RdmaService::Impl::loop()
 		rdma_cm_event *ev = next_event(ch.get(), std::chrono::milliseconds(200), why);
 		if (!ev)
 			continue;
-		std::vector<CmId> reject_ids;
 		std::vector<uint64_t> leave;
 		std::unique_ptr<Conn> gone;
 		switch (ev->event) {
-		case RDMA_CM_EVENT_CONNECT_REQUEST:
-			on_connect_request(ev, reject_ids, leave);
+		case RDMA_CM_EVENT_CONNECT_REQUEST: {
+			// To a worker: joining may register every slab of the session in a new PD,
+			// which must not hold up the other connections' events.
+			ConnectRequest req;
+			req.id = ev->id;
+			req.has_data = ev->param.conn.private_data_len >= sizeof req.cd;
+			if (req.has_data)
+				std::memcpy(&req.cd, ev->param.conn.private_data, sizeof req.cd);
+			req.responder_resources = ev->param.conn.responder_resources;
+			workers.submit([this, req] { on_connect_request(req); });
 			break;
+		}
 		case RDMA_CM_EVENT_ESTABLISHED: {
 			std::lock_guard lock(mu);
 			auto it = conns.find(ev->id);
@@ -339,7 +373,6 @@ void RdmaService::Impl::loop()
 			break;
 		}
 		rdma_ack_cm_event(ev);
-		reject_ids.clear();
 		if (gone) {
 			leave.push_back(gone->session);
 			rdma_disconnect(gone->id.get());

@@ -13,15 +13,21 @@ namespace rdmaswap {
 class Memserver;
 class SessionTable;
 class SlabPool;
+class WorkerPool;
 
 class RdmaService {
 public:
-	// Binds and listens on listen:port with librdmacm and starts the event thread. With
+	// Binds and listens on listen:port with librdmacm and starts the event thread, which
+	// hands connect requests to `workers` (they must outlive stop_events()). With
 	// `check_attach`, a connect must carry the MAC under its session's attach key (auth.h).
 	// Throws std::runtime_error naming the failed step.
 	RdmaService(const std::string &listen, uint16_t port, SlabPool &pool,
-		    SessionTable &sessions, Memserver &owner, bool check_attach);
+		    SessionTable &sessions, Memserver &owner, WorkerPool &workers,
+		    bool check_attach);
+	// stop_events(), then every QP is disconnected and every MR and PD dropped.
 	~RdmaService();
+	// End the event thread: no more connect requests go to the workers. Idempotent.
+	void stop_events();
 	RdmaService(const RdmaService &) = delete;
 	RdmaService &operator=(const RdmaService &) = delete;
 

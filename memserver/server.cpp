@@ -144,11 +144,13 @@ Memserver::Memserver(const MemserverOptions &opts)
 					      : reinterpret_cast<sockaddr_in6 *>(&ss)->sin6_port);
 	listen_fd_ = std::move(fd);
 
+	// Before the RDMA service, which hands its connect requests to the workers.
+	workers_ = std::make_unique<WorkerPool>(std::max(1u, opts_.workers));
 	if (opts_.transport == TransportKind::Rdma ||
 	    (opts_.transport == TransportKind::Auto && RdmaService::devices_present())) {
 		try {
 			rdma_ = std::make_unique<RdmaService>(opts_.listen, port_, pool_, sessions_,
-							      *this, !opts_.insecure);
+							      *this, *workers_, !opts_.insecure);
 		} catch (const std::exception &e) {
 			if (opts_.transport == TransportKind::Rdma)
 				throw;
@@ -170,6 +172,8 @@ Memserver::~Memserver()
 {
 	stop_.store(true);
 	loops_.clear();
+	if (rdma_)
+		rdma_->stop_events(); // no more work for the workers
 	workers_.reset();
 	reap();
 	rdma_.reset();
@@ -280,7 +284,6 @@ void Memserver::connection_closed(const std::shared_ptr<Conn> &c)
 
 void Memserver::run()
 {
-	workers_ = std::make_unique<WorkerPool>(std::max(1u, opts_.workers));
 	const unsigned n = loop_threads();
 	for (unsigned i = 0; i < n; i++)
 		loops_.push_back(std::make_unique<Loop>(*this, i));
@@ -295,6 +298,8 @@ void Memserver::run()
 	// (sessions left by those connections), and only then do the loops go.
 	for (auto &l : loops_)
 		l->join();
+	if (rdma_)
+		rdma_->stop_events(); // no more connect requests for the workers
 	workers_.reset();
 	loops_.clear();
 	reap();

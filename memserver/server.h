@@ -215,7 +215,8 @@ private:
 	uint16_t port_ = 0;
 	std::unique_ptr<RdmaService> rdma_;
 	std::atomic<bool> stop_{false};
-	// Made by run(): the workers first (loops hand them requests), ended after the loops.
+	// The workers (made before the RDMA service, which hands them connect requests; ended
+	// after the loops and the RDMA event thread) and the loops (made by run()).
 	std::unique_ptr<WorkerPool> workers_;
 	std::vector<std::unique_ptr<Loop>> loops_;
 	std::atomic<unsigned> tcp_open_{0}; // TCP connections admitted and not yet closed
