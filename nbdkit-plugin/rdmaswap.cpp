@@ -24,6 +24,7 @@
 
 #include "common/auth.h"
 #include "common/config.h"
+#include "common/data_path_base.h"
 #include "common/deadline.h"
 #include "common/log.h"
 #include "common/reattach.h"
@@ -82,6 +83,7 @@ struct Config {
 	unsigned lease = 60;   // lease=SECONDS; 0: nothing survives the plugin
 	unsigned realtime = 1; // realtime=PRIORITY: SCHED_RR priority of nbdkit's threads; 0: off
 	bool realtime_set = false;
+	int busy_poll = -1; // busy-poll=: 1 on, 0 off, -1 auto (on with >= kBusyPollMinCpus CPUs)
 } g_cfg;
 std::vector<Endpoint> g_reachable; // servers that answered in get_ready
 std::unique_ptr<rdma::ClientContext> g_rdma;
@@ -315,6 +317,15 @@ int rdmaswap_config(const char *key, const char *value)
 			return -1;
 		}
 		g_cfg.realtime_set = true;
+	} else if (k == "busy-poll") {
+		if (std::strcmp(value, "auto") == 0) {
+			g_cfg.busy_poll = -1;
+		} else if (std::strcmp(value, "on") == 0 || std::strcmp(value, "off") == 0) {
+			g_cfg.busy_poll = value[1] == 'n';
+		} else {
+			nbdkit_error("rdmaswap: busy-poll=%s: expected auto, on or off", value);
+			return -1;
+		}
 	} else if (k == "insecure") {
 		const int b = nbdkit_parse_bool(value);
 		if (b < 0)
@@ -464,6 +475,13 @@ int rdmaswap_after_fork()
 				nbdkit_debug("rdmaswap: %s (needs CAP_SYS_NICE)", why.c_str());
 		}
 	}
+	// Spin briefly before sleeping in data path waits only where a core is spare: decided
+	// once, before any data path exists (common/data_path_base.h).
+	const unsigned cpus = affinity_cpus();
+	set_busy_poll(g_cfg.busy_poll < 0 ? cpus >= kBusyPollMinCpus : g_cfg.busy_poll == 1);
+	nbdkit_debug("rdmaswap: busy-poll=%s: %s (%u CPUs in the affinity set; auto needs %u)",
+		     g_cfg.busy_poll < 0 ? "auto" : g_cfg.busy_poll ? "on" : "off",
+		     busy_poll() ? "on" : "off", cpus, kBusyPollMinCpus);
 	// Before anything below waits on the network (and after the settings above, which the
 	// watcher's thread inherits: every thread of nbdkit's runs real-time).
 	g_shutdown = std::make_unique<ShutdownWatcher>();
@@ -620,7 +638,10 @@ struct nbdkit_plugin make_plugin()
 			"                    restarted nbdkit to reattach (default 60; 0: free them)\n"
 			"realtime=PRIORITY   SCHED_RR priority of nbdkit's threads, so that they may\n"
 			"                    use the kernel's reserve under memory pressure\n"
-			"                    (default 1; 0: leave the scheduling alone)";
+			"                    (default 1; 0: leave the scheduling alone)\n"
+			"busy-poll=auto|on|off  spin up to 50 us before sleeping while waiting\n"
+			"                    for a memserver (default auto: on with 8 or more\n"
+			"                    CPUs in nbdkit's affinity set)";
 	p.magic_config_key = "server";
 	p.dump_plugin = rdmaswap_dump_plugin;
 	p.get_ready = rdmaswap_get_ready;

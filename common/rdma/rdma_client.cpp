@@ -12,7 +12,7 @@
 #include <mutex>
 #include <stdexcept>
 
-#include "common/backoff.h"
+#include "common/data_path_base.h"
 #include "common/deadline.h"
 #include "common/log.h"
 #include "common/rdma/verbs.h"
@@ -22,8 +22,6 @@ namespace rdmaswap::rdma {
 namespace {
 // Writes up to this size go inline in the work request (no DMA read of the local buffer).
 constexpr uint32_t kWantInline = 128;
-// Busy-poll the CQ this long before sleeping on the completion channel.
-constexpr auto kSpin = std::chrono::microseconds(50);
 // RDMA READs we may have outstanding on one QP.
 constexpr int kMaxReadDepth = 16;
 } // namespace
@@ -108,14 +106,14 @@ ClientContext::~ClientContext() = default;
 
 namespace {
 
-class RdmaDataPath final : public DataPath {
+class RdmaDataPath final : public DataPathBase {
 public:
 	RdmaDataPath(ClientContext::Impl &ctx, const Endpoint &ep, uint64_t session_id,
 		     uint64_t token, const Mac &attach_key, std::chrono::milliseconds timeout,
 		     std::span<std::byte> region, std::shared_ptr<std::atomic<bool>> lost)
-		: ctx_(ctx), ep_(ep), session_id_(session_id), token_(token),
-		  attach_key_(attach_key), timeout_(timeout),
-		  region_(region), lkey_(ctx.lkey_for(region)), lost_(std::move(lost))
+		: DataPathBase("rdma", "data path to " + ep.str(), region, std::move(lost)),
+		  ctx_(ctx), ep_(ep), session_id_(session_id), token_(token),
+		  attach_key_(attach_key), timeout_(timeout), lkey_(ctx.lkey_for(region))
 	{
 		connect(); // throws: the first connection is part of setup
 	}
@@ -139,7 +137,9 @@ public:
 private:
 	void connect();
 	void teardown();
-	int ensure_connected();
+	bool connected() const override { return bool(qp_); }
+	int reconnect() override;
+	void disconnect() override { teardown(); }
 	int post(ibv_wr_opcode op, const SlabGrant &slab, uint64_t off, uint32_t len, std::byte *local);
 	int fail(int err, const char *what, const char *detail);
 	int wait(uint64_t seq);
@@ -150,9 +150,7 @@ private:
 	const uint64_t token_;
 	const Mac attach_key_;
 	const std::chrono::milliseconds timeout_;
-	const std::span<std::byte> region_;
 	const uint32_t lkey_;
-	std::shared_ptr<std::atomic<bool>> lost_;
 
 	// Creation order; destroyed in reverse by teardown().
 	EventChannel ch_;
@@ -165,10 +163,7 @@ private:
 	// Preallocated work requests: filled by post(), chained and posted once by complete().
 	std::array<ibv_send_wr, kMaxBatch> wrs_{};
 	std::array<ibv_sge, kMaxBatch> sges_{};
-	unsigned n_ = 0;
-	int error_ = 0;
 	uint64_t seq_ = 0;
-	Backoff backoff_;
 
 	// Accounting (counters()): written by the thread holding the path, read by the status.
 	struct {
@@ -235,7 +230,7 @@ void RdmaDataPath::connect()
 		expect_event(ch_.get(), RDMA_CM_EVENT_ESTABLISHED, timeout_, "RDMA connect", &reject);
 	} catch (const std::runtime_error &e) {
 		if (reject == ENOENT) {
-			lost_->store(true);
+			session_lost_->store(true);
 			throw std::runtime_error("memserver " + ep_.str() +
 						 " does not know our session: its slabs are lost");
 		}
@@ -261,52 +256,35 @@ int RdmaDataPath::fail(int err, const char *what, const char *detail)
 	if (qp_)
 		logger("rdma")->error("data path to {} failed: {}: {}", ep_.str(), what, detail);
 	// Destroy the QP now: nothing may land in the channel buffer once we report the error.
-	teardown();
-	backoff_.failed(Backoff::clock::now());
-	if (!error_)
-		error_ = err;
-	return err;
+	drop();
+	return latch(err);
 }
 
-int RdmaDataPath::ensure_connected()
+int RdmaDataPath::reconnect()
 {
-	if (qp_)
-		return 0;
-	if (lost_->load() || stop_requested())
-		return EIO;
-	const auto now = Backoff::clock::now();
-	if (!backoff_.may_try(now))
-		return EIO;
 	try {
 		connect(); // its CM waits also end at a stop request (next_event)
-		backoff_.succeeded();
-		logger("rdma")->warn("data path to {} re-established", ep_.str());
 		return 0;
 	} catch (const std::exception &e) {
 		logger("rdma")->error("reconnect to {} failed: {}", ep_.str(), e.what());
-		teardown();
-		backoff_.failed(now);
-		return EIO;
+		return EIO; // connect() set the session lost itself if the server said so
 	}
 }
 
 int RdmaDataPath::post(ibv_wr_opcode op, const SlabGrant &slab, uint64_t off, uint32_t len,
 		       std::byte *local)
 {
-	int err = 0;
-	if (len == 0 || len > proto::kMaxIo || off > slab.length || slab.length - off < len ||
-	    local < region_.data() || local + len > region_.data() + region_.size())
-		err = EINVAL;
-	else if (n_ == kMaxBatch)
-		err = ENOBUFS;
-	else if (n_ && (wrs_[0].opcode == IBV_WR_RDMA_READ) != (op == IBV_WR_RDMA_READ))
-		err = EINVAL;
-	else if (!error_ && (err = ensure_connected()) == 0) {
-		ibv_sge &sge = sges_[n_];
+	if (int err = admit(op == IBV_WR_RDMA_READ, slab, off, len, local))
+		return err;
+	if (int err = ensure_connected())
+		return latch(err);
+	{
+		const unsigned n = batch_size();
+		ibv_sge &sge = sges_[n];
 		sge.addr = reinterpret_cast<uint64_t>(local);
 		sge.length = len;
 		sge.lkey = lkey_;
-		ibv_send_wr &wr = wrs_[n_];
+		ibv_send_wr &wr = wrs_[n];
 		wr = ibv_send_wr{};
 		wr.wr_id = 0;
 		wr.sg_list = &sge;
@@ -315,12 +293,9 @@ int RdmaDataPath::post(ibv_wr_opcode op, const SlabGrant &slab, uint64_t off, ui
 		wr.send_flags = (op == IBV_WR_RDMA_WRITE && len <= max_inline_) ? IBV_SEND_INLINE : 0;
 		wr.wr.rdma.remote_addr = slab.addr + off;
 		wr.wr.rdma.rkey = slab.rkey;
-		n_++;
+		queued();
 		return 0;
 	}
-	if (!error_)
-		error_ = err;
-	return err ? err : error_;
 }
 
 int RdmaDataPath::wait(uint64_t seq)
@@ -352,7 +327,7 @@ int RdmaDataPath::wait(uint64_t seq)
 		const auto now = std::chrono::steady_clock::now();
 		if (now >= deadline)
 			return fail(EIO, "completion", "timed out");
-		if (now - start < kSpin)
+		if (busy_poll() && now - start < kBusyPollSpin)
 			continue; // bounded busy-poll: most completions arrive within it on real NICs
 		if (!armed) {
 			acct_.arms.add();
@@ -382,29 +357,23 @@ int RdmaDataPath::wait(uint64_t seq)
 int RdmaDataPath::complete()
 {
 	acct_.batches.add();
-	if (error_ || n_ == 0) {
-		const int r = error_;
-		n_ = 0;
-		error_ = 0;
-		return r;
-	}
-	for (unsigned i = 0; i + 1 < n_; i++)
+	const unsigned n = batch_size();
+	if (latched() || n == 0)
+		return end_batch();
+	for (unsigned i = 0; i + 1 < n; i++)
 		wrs_[i].next = &wrs_[i + 1];
-	ibv_send_wr &last = wrs_[n_ - 1];
+	ibv_send_wr &last = wrs_[n - 1];
 	last.next = nullptr;
 	last.send_flags |= IBV_SEND_SIGNALED;
 	last.wr_id = ++seq_;
-	acct_.posts.add(n_);
+	acct_.posts.add(n);
 	acct_.doorbells.add();
-	n_ = 0;
 	ibv_send_wr *bad = nullptr;
 	if (int rc = ibv_post_send(qp_->qp, &wrs_[0], &bad))
 		fail(EIO, "ibv_post_send", std::strerror(rc));
 	else
 		wait(last.wr_id);
-	const int r = error_;
-	error_ = 0;
-	return r;
+	return end_batch();
 }
 
 DataPathCounters RdmaDataPath::counters() const

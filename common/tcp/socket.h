@@ -66,6 +66,17 @@ int sendv_all_until(int fd, iovec *iov, int iovcnt, std::chrono::steady_clock::t
 int send_all_until(int fd, const void *buf, size_t len, std::chrono::steady_clock::time_point deadline);
 int recv_all_until(int fd, void *buf, size_t len, std::chrono::steady_clock::time_point deadline);
 
+// Receive what is there, at least one byte, into `iov` (filled in order, as recvmsg does):
+// one recvmsg with MSG_DONTWAIT, and when nothing is there yet, wait for it until `deadline`:
+// first by spinning for `spin` (busy-polling: non-blocking recvmsg again and again, no sleep),
+// then with poll. `wait_first`: poll before the first recvmsg (when the bytes cannot be there
+// yet, e.g. right after the request went out; a try would only cost a syscall); once the
+// deadline has passed it still tries once (the bytes may be there). On 0, `got`
+// is the number of bytes received (> 0). Errors as recv_all_until: ETIMEDOUT, ECANCELED,
+// ECONNRESET, or the socket's errno. No allocation.
+int recv_some_until(int fd, iovec *iov, int iovcnt, std::chrono::steady_clock::time_point deadline,
+		    bool wait_first, std::chrono::nanoseconds spin, size_t &got);
+
 // Per-syscall SO_RCVTIMEO/SO_SNDTIMEO (the memserver's sockets; clients use deadlines).
 void set_io_timeout(int fd, std::chrono::milliseconds t);
 

@@ -59,9 +59,15 @@ else
     log "no CAP_SYS_NICE: realtime=1 cannot take effect here, not checked"
 fi
 
+# busy-poll= is decided once at start and logged (nbdkit -v); with it on, the data still flows.
+start_nbdkit spin -v -- "$good" size=16M volume=spin busy-poll=on
+grep -q 'busy-poll=on: on' "$NBDKIT_LOG" || fail "busy-poll=on: the choice is not logged"
+nbdsh_run -u "$NBDKIT_URI" -c 'b = bytes(range(256)) * 1024; h.pwrite(b, 4096); assert h.pread(len(b), 4096) == b'
+
 expect_fail 'bogus'                 "$good" size=16M bogus=1
 expect_fail 'realtime'              "$good" size=16M realtime=100
 expect_fail 'realtime'              "$good" size=16M realtime=high
+expect_fail 'busy-poll'             "$good" size=16M busy-poll=sometimes
 expect_fail 'size'                  "$good"
 expect_fail 'size'                  "$good" size=banana
 expect_fail 'size'                  "$good" size=-1M
