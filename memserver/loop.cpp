@@ -520,8 +520,9 @@ void Memserver::Loop::queue_reply(Conn &c, const proto::Header &req, uint32_t st
 		body = {}, big.clear(), payload = nullptr, payload_len = 0;
 	h.body_len = uint32_t(body.size() + big.size() + payload_len);
 	proto::encode_header(h, std::span(t.head).first<proto::kHeaderSize>());
-	std::memcpy(t.head.data() + proto::kHeaderSize, body.data(),
-		    std::min(body.size(), Conn::kSmallReply));
+	if (!body.empty())
+		std::memcpy(t.head.data() + proto::kHeaderSize, body.data(),
+			    std::min(body.size(), Conn::kSmallReply));
 	t.head_len = uint32_t(proto::kHeaderSize + std::min(body.size(), Conn::kSmallReply));
 	t.big = std::move(big);
 	t.payload = payload;
@@ -592,7 +593,8 @@ void Memserver::Loop::park(Conn &c, const proto::Header &h, std::span<const std:
 {
 	c.parked = true;
 	c.ctl_h = h;
-	std::memcpy(c.ctl_body.data(), body.data(), body.size());
+	if (!body.empty())
+		std::memcpy(c.ctl_body.data(), body.data(), body.size());
 	c.ctl_len = body.size();
 	std::shared_ptr<Conn> cp = conns_[c.index];
 	m_.workers_->submit([&m = m_, cp = std::move(cp)]() mutable {

@@ -62,7 +62,6 @@ void TcpDataPath::reset_batch()
 {
 	in_batch_ = false;
 	nsent_ = nanswered_ = 0;
-	niov_ = 0;
 	beg_ = end_ = 0;
 	dst_ = nullptr;
 	rest_ = 0;
@@ -96,24 +95,13 @@ int TcpDataPath::post(bool read, const SlabGrant &slab, uint64_t off, uint32_t l
 		first_id_ = h.request_id;
 	pending_[i] = Pending{const_cast<std::byte *>(local), len, false};
 	queued();
-	if (i == 0) {
-		// The first request goes out at once (see the header).
-		iovec iov[2] = {{msg, kMsgSize}, {const_cast<std::byte *>(local), len}};
-		if (int r = sendv_all_until(fd_.get(), iov, read ? 1 : 2, deadline_)) {
-			fail(r);
-			return EIO;
-		}
-		nsent_ = 1;
-		return 0;
+	// Out at once (see the header): a request never waits for complete().
+	iovec iov[2] = {{msg, kMsgSize}, {const_cast<std::byte *>(local), len}};
+	if (int r = sendv_all_until(fd_.get(), iov, read ? 1 : 2, deadline_)) {
+		fail(r);
+		return EIO;
 	}
-	// Gathered: the message joins the previous iovec when it follows it in msgs_ (reads).
-	if (niov_ && static_cast<std::byte *>(iov_[niov_ - 1].iov_base) + iov_[niov_ - 1].iov_len ==
-			     msg)
-		iov_[niov_ - 1].iov_len += kMsgSize;
-	else
-		iov_[niov_++] = {msg, kMsgSize};
-	if (!read)
-		iov_[niov_++] = {const_cast<std::byte *>(local), len};
+	nsent_ = i + 1;
 	return 0;
 }
 
@@ -238,14 +226,6 @@ void TcpDataPath::receive_replies()
 
 int TcpDataPath::complete()
 {
-	// The gathered requests go out now, unless the batch already failed (then they never
-	// leave: only those on the wire are answered).
-	if (fd_ && !latched() && nsent_ < batch_size()) {
-		if (int r = sendv_all_until(fd_.get(), iov_.data(), int(niov_), deadline_))
-			fail(r);
-		else
-			nsent_ = batch_size();
-	}
 	if (fd_ && nanswered_ < nsent_)
 		receive_replies();
 	reset_batch();

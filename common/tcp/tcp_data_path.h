@@ -24,11 +24,10 @@ namespace rdmaswap {
 // and drops the connection (the stream is out of step); a stop request (request_stop()) ends
 // it at once. No allocation after construction.
 //
-// Sends: the first post of a batch goes out at once (one sendmsg: a single-request batch, the
-// usual one, costs the same as before, and the requests of a batch posted to several
-// memservers, e.g. to the replicas of a write, are served in parallel); the later posts are
-// gathered (headers in a preallocated buffer, WRITE payloads as iovecs over the caller's
-// bytes) and go out with one sendmsg when complete() starts.
+// Sends: every post goes out at once (one sendmsg of its header, body and WRITE payload). Not
+// gathered until complete(): Volume completes its paths one after another, so a request held
+// back on one memserver's path would wait for another memserver's answers first (a hung
+// replica's whole timeout, which then leaves it no time of its own: test-reattach-stale).
 //
 // Replies: each request has its own request id; replies may come in any order and are matched
 // by id. They are received into a staging buffer (kStaging bytes) with as few recvmsg calls as
@@ -103,10 +102,8 @@ private:
 	uint64_t first_id_ = 0;
 	unsigned nsent_ = 0;     // requests on the wire (the first nsent_ of the batch)
 	unsigned nanswered_ = 0; // replies received whole
-	// Headers and fixed bodies of the batch's requests, and the gathered (not yet sent) ones.
+	// Headers and fixed bodies of the batch's requests.
 	std::array<std::byte, kMaxBatch * kMsgSize> msgs_{};
-	std::array<iovec, 2 * kMaxBatch> iov_{};
-	unsigned niov_ = 0;
 
 	// Reply staging: bytes [beg_, end_) are received and not yet consumed. While a payload
 	// is partly received (rest_ > 0: `rest_` bytes still due at `dst_`), the staging buffer

@@ -33,9 +33,11 @@ std::shared_ptr<const AuthKey> test_key(const char *text = "rdma test key, rdma 
 
 // A memserver on g_addr with RDMA, running on its own thread for the test's lifetime.
 struct TestServer {
-	explicit TestServer(uint64_t capacity = 512ull << 20, uint64_t slab = 64ull << 20)
+	explicit TestServer(uint64_t capacity = 512ull << 20, uint64_t slab = 64ull << 20,
+			    unsigned max_connections = 256)
 	{
 		MemserverOptions o;
+		o.max_connections = max_connections;
 		o.listen = g_addr;
 		o.port = 0;
 		o.capacity = capacity;
@@ -225,6 +227,50 @@ TEST_CASE("A QP attach must prove the session's attach key; another key gets no 
 	ControlClient other(resolve(ep), timeout, test_key("another key, another key, another"));
 	CHECK(other.open_session(true, hello) == EACCES);
 	CHECK(ts.server->stats().sessions == 1);
+}
+
+TEST_CASE("--max-connections counts RDMA QPs and TCP connections together")
+{
+	// 3: the session's control connection and two QPs; a third QP is rejected, and so is
+	// another TCP connection, until a QP goes.
+	TestServer ts(512ull << 20, 64ull << 20, 3);
+	const Endpoint ep = ts.endpoint();
+	const auto timeout = std::chrono::seconds(5);
+	rdma::ClientContext ctx(ep, timeout);
+	std::vector<std::byte> region(1 << 20);
+	auto lost = std::make_shared<std::atomic<bool>>(false);
+	ControlClient cc(resolve(ep), timeout, test_key());
+	proto::HelloReply hello;
+	REQUIRE(cc.open_session(true, hello) == 0);
+	auto open = [&] {
+		return ctx.open_data_path(ep, cc.session_id(), cc.token(), cc.attach_key(), timeout,
+					  region, lost);
+	};
+	// The memserver counts a QP once its ESTABLISHED event is handled: wait for it (bounded).
+	auto qps_become = [&](uint32_t n) {
+		for (int i = 0; i < 500 && ts.server->stats().rdma_qps != n; i++)
+			std::this_thread::sleep_for(std::chrono::milliseconds(10));
+		return ts.server->stats().rdma_qps == n;
+	};
+	auto p1 = open();
+	auto p2 = open();
+	REQUIRE(qps_become(2));
+	REQUIRE_THROWS_WITH(open(), Catch::Contains("refused"));
+	CHECK(ts.server->stats().rdma_qps == 2);
+	// A TCP connection is over the limit too: closed at once.
+	ControlClient other(resolve(ep), timeout, test_key());
+	proto::StatsReply st;
+	CHECK(other.stats(st) != 0);
+	// One QP goes: there is room for another.
+	p2.reset();
+	REQUIRE(qps_become(1));
+	auto p3 = open();
+	REQUIRE(qps_become(2));
+	proto::AllocReply grant;
+	REQUIRE(cc.alloc(grant) == 0);
+	SlabGrant g{grant.slab_id, grant.length, grant.addr, grant.rkey};
+	REQUIRE(p3->post_write(g, 0, 4096, region.data()) == 0);
+	REQUIRE(p3->complete() == 0);
 }
 
 TEST_CASE("A memserver that goes away makes I/O fail with EIO promptly")
