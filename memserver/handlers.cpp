@@ -60,7 +60,9 @@ const Memserver::Handlers::Entry &Memserver::Handlers::of(proto::Op op)
 		set(Op::Write, nullptr, false, true, false, false);
 		set(Op::List, &list, false, true, false, true);
 		set(Op::Bind, &bind, false, true, false, true);        // takeover
-		set(Op::SetTag, &set_tag, false, true, false, true);
+		// On the loop: a slab's tag or a floor (mmap-backed), no wait; it is on the write
+		// path's fence, and a million of them must cost no allocation each.
+		set(Op::SetTag, &set_tag, false, true, false, false);
 		// Listing sessions needs none; slabs may be registered (ibv_reg_mr).
 		set(Op::VolumeList, &volume_list, false, false, false, true);
 		set(Op::GiveBack, &give_back, false, false, true, true);
