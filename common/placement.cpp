@@ -43,9 +43,18 @@ unsigned place_slab(std::span<const DonorLoad> donors, unsigned replicas,
 					return uint16_t(i);
 			return 0; // unreachable: k < count
 		};
+		// Two distinct donors when there are two: drawing the same one twice would make
+		// that choice blind (with two donors, half of all choices).
 		std::uniform_int_distribution<uint32_t> pick(0, count - 1);
-		const uint16_t a = nth(pick(rng));
-		const uint16_t b = nth(pick(rng));
+		const uint32_t ka = pick(rng);
+		uint32_t kb = ka;
+		if (count > 1) {
+			std::uniform_int_distribution<uint32_t> other(0, count - 2);
+			kb = other(rng);
+			kb += kb >= ka;
+		}
+		const uint16_t a = nth(ka);
+		const uint16_t b = nth(kb);
 		out[n++] = less_loaded(donors[b], donors[a]) ? b : a;
 	}
 	return n;

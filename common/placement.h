@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: MIT
-// Where a new slab's replicas go: power of two choices. For each replica, two donors are
-// drawn at random among the eligible ones (alive, with a free slab, not already holding a
+// Where a new slab's replicas go: power of two choices. For each replica, two distinct donors
+// are drawn at random among the eligible ones (alive, with a free slab, not already holding a
 // replica of this slab) and the less loaded (lower used/total) wins. Ties go to the first
 // drawn. With one eligible donor it is taken; with none, fewer replicas are placed.
 #pragma once

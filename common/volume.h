@@ -169,6 +169,9 @@ private:
 		std::atomic<uint32_t> gen{0};
 		std::atomic<int64_t> down_until{0}; // steady_clock ns; no new slabs before this
 		std::atomic<uint32_t> used{0};      // slabs this volume holds there
+		// ALLOCs chosen for it and not yet answered: placement counts them as load, so
+		// threads placing at once do not all pick the donor that looked emptiest.
+		std::atomic<uint32_t> placing{0};
 	};
 	struct Channel {
 		TimedMutex mu;

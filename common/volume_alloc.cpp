@@ -30,8 +30,12 @@ unsigned Volume::place(unsigned want, std::span<const uint16_t> exclude, uint16_
 		for (size_t i = 0; i < servers_.size(); i++) {
 			const ServerInfo &info = servers_[i]->info();
 			const uint32_t free = servers_[i]->slabs_free();
-			loads[i] = DonorLoad{info.slabs_total - std::min(free, info.slabs_total),
-					     info.slabs_total,
+			uint32_t used = info.slabs_total - std::min(free, info.slabs_total);
+			// ALLOCs in flight add load; they never make a donor with a free slab
+			// ineligible (they may fail, and its free count says what it has).
+			if (used < info.slabs_total)
+				used = std::min(used + sstate_[i].placing.load(), info.slabs_total - 1);
+			loads[i] = DonorLoad{used, info.slabs_total,
 					     servers_[i]->session_alive() &&
 						     (allow_down || now >= sstate_[i].down_until.load())};
 		}
@@ -42,6 +46,8 @@ unsigned Volume::place(unsigned want, std::span<const uint16_t> exclude, uint16_
 		fill(true);
 		n = place_slab(std::span(loads, servers_.size()), want, exclude, rng_, out);
 	}
+	for (unsigned k = 0; k < n; k++)
+		sstate_[out[k]].placing.fetch_add(1); // grant() takes it back once answered
 	return n;
 }
 
@@ -66,6 +72,7 @@ unsigned Volume::grant(uint64_t slab, uint64_t epoch, unsigned want,
 			SlabGrant g;
 			const uint32_t gen = sstate_[i].gen.load();
 			const int r = servers_[i]->alloc_tagged(slab, epoch, g);
+			sstate_[i].placing.fetch_sub(1);
 			if (r == 0) {
 				out[got++] = Replica{i, gen, g, epoch};
 				sstate_[i].used.fetch_add(1);

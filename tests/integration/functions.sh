@@ -4,7 +4,8 @@
 #
 # Source it from a test script that runs with `set -euo pipefail`:
 #   source "$(dirname "$0")/functions.sh"
-# It creates $tmpdir (removed on exit) and kills every process started through it on exit.
+# It creates $tmpdir (removed on exit; copied to $RDMASWAP_KEEP first when that is set, to read
+# the logs of a run) and kills every process started through it on exit.
 # Exit codes follow nbdkit's test convention: 0 pass, 77 skip, anything else fail.
 
 # nbdsh and nbdcopy's Python bindings live in Debian's python3; a pyenv python may be first on PATH.
@@ -54,6 +55,7 @@ cleanup() {
             tail -n 40 "$f" >&2
         done
     fi
+    [[ -n ${RDMASWAP_KEEP:-} ]] && cp -r "$tmpdir" "$RDMASWAP_KEEP"
     rm -rf "$tmpdir"
     exit "$rc"
 }

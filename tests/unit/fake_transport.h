@@ -49,6 +49,9 @@ struct FakeBackend {
 	std::atomic<bool> lost{false};       // session lost: slabs gone, everything fails
 	std::atomic<bool> fail_open{false};  // open_data_path throws
 	std::atomic<int> alloc_delay_us{0};  // alloc_slab sleeps this long (widens races)
+	// slabs_free() says what is free now, as a memserver's replies keep it (placement reads
+	// it); otherwise it stays at the HELLO's count.
+	std::atomic<bool> live_free{false};
 	// Reattach: a server bound to a volume (tags and floors kept here, like a memserver's
 	// detached session); `reattach`: a FakeServer made now hands the slabs back.
 	std::atomic<bool> bound{false};
@@ -287,6 +290,13 @@ public:
 
 	const ServerInfo &info() const override { return b_->info; }
 	const std::string &name() const override { return b_->name; }
+	uint32_t slabs_free() const override
+	{
+		if (!b_->live_free.load())
+			return b_->info.slabs_free;
+		std::lock_guard lock(b_->mu);
+		return b_->max_slabs - std::min(b_->max_slabs, uint32_t(b_->slabs.size()));
+	}
 
 	int alloc_slab(SlabGrant &out) override
 	{
