@@ -2,6 +2,7 @@
 // RemoteServer: session setup and the choice of data path.
 #include "common/remote_server.h"
 
+#include <array>
 #include <cerrno>
 #include <cstring>
 #include <stdexcept>
@@ -199,6 +200,8 @@ int RemoteServer::alloc_impl(const uint64_t *tag, SlabGrant &out)
 	const int err = tag ? control_->alloc_tagged(tag[0], tag[1], r) : control_->alloc(r);
 	if (control_->session_lost())
 		lost_->store(true);
+	if (err == ENOSPC)
+		free_.store(0); // full, whatever the hint said (others filled it): until a refresh
 	if (err)
 		return err;
 	if (r.length != info_.slab_size || r.slab_id >= granted_.size() ||
@@ -271,6 +274,18 @@ int RemoteServer::wanted_slabs(std::vector<uint32_t> &ids)
 		return err ? err : EPROTO;
 	}
 	ids.resize(size_t(n));
+	if (const auto now = Clock::now(); now - hint_refreshed_ >= kHintRefresh) {
+		std::array<std::byte, proto::kStatsReplySize> reply;
+		proto::StatsReply st;
+		if (rpc(poll_fd_.get(), poll_id_++, proto::Op::Stats, {}, reply,
+			deadline_after(opts_.timeout)) != 0 ||
+		    !proto::decode(reply, st).ok) {
+			poll_fd_.reset(); // asked again on a new connection at the next poll
+			return 0;         // the WANTED answer above stands
+		}
+		hint_refreshed_ = now;
+		free_.store(std::min(st.slabs_free, st.slabs_total));
+	}
 	return 0;
 }
 

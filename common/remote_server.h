@@ -108,6 +108,11 @@ private:
 	Fd poll_fd_;
 	uint64_t poll_id_ = 1;
 	std::vector<std::byte> poll_buf_;
+	// The free slab count (placement's hint) is also refreshed on the poll connection, with a
+	// STATS at most every kHintRefresh: a donor that others fill or empty stops looking as
+	// it did at HELLO. (An ALLOC that gets ENOSPC sets it to 0 at once.)
+	static constexpr std::chrono::seconds kHintRefresh{5};
+	Clock::time_point hint_refreshed_{};
 };
 
 } // namespace rdmaswap
