@@ -208,4 +208,24 @@ assert v["donors"][0]["address"] == addr and v["donors"][0]["state"] == "ok", v
 assert v["donors"][0]["slabs"] == 17, v
 print("rdmaswapctl --json: server and volume objects match the key=value output")
 PY
+# Every metric name the dashboard and docs/metrics.md use is one that the outputs have.
+"$PYTHON" - "${RDMASWAP_SOURCE:?}/docs" "$tmpdir/ms2.prom" "$tmpdir/vol2.prom" <<'PY' ||
+import re, sys
+docs, outputs = sys.argv[1], sys.argv[2:]
+have = set()
+for path in outputs:
+    for line in open(path):
+        m = re.match(r"# TYPE (\S+) ", line)
+        if m:
+            have.add(m.group(1))
+for doc in ("grafana-dashboard.json", "metrics.md"):
+    used = set(re.findall(r"rdmaswap_(?:volume|memserver)_[a-z_]+", open(docs + "/" + doc).read()))
+    base = {re.sub(r"_(bucket|sum|count)$", "", n) if n.endswith(("_bucket", "_sum", "_count"))
+            and re.sub(r"_(bucket|sum|count)$", "", n) in have else n for n in used}
+    missing = sorted(base - have)
+    if missing:
+        sys.exit("%s names metrics that are not exported: %s" % (doc, ", ".join(missing)))
+print("dashboard and docs/metrics.md use exported names only")
+PY
+    fail "docs name metrics that do not exist (see above)"
 log "metrics and status --json checked"
