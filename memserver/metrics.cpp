@@ -5,7 +5,6 @@
 #include <algorithm>
 
 #include "common/metrics_text.h"
-#include "memserver/metrics_http.h"
 
 namespace rdmaswap {
 
@@ -79,11 +78,6 @@ std::string Memserver::metrics_text() const
 		 "the range lies outside it.",
 		 s.tcp_refused);
 	return m.take();
-}
-
-uint16_t Memserver::metrics_port() const
-{
-	return metrics_ ? metrics_->port() : 0;
 }
 
 } // namespace rdmaswap

@@ -143,8 +143,6 @@ public:
 	// snapshot() in the Prometheus text format (rdmaswap_memserver_* families;
 	// docs/metrics.md). Takes no lock; allocates.
 	std::string metrics_text() const;
-	// The port the metrics endpoint listens on (0: none).
-	uint16_t metrics_port() const;
 	// Withdraw `bytes` (rounded up to slabs) of capacity: free slabs at once, granted ones
 	// are wanted back from their owners (GIVEBACK; also used by --reserve).
 	proto::GiveBackReply give_back(uint64_t bytes);
