@@ -285,8 +285,26 @@ Volume::ChannelRef Volume::channel()
 	Channel &c = *channels_[start];
 	if (c.mu.try_lock_until(deadline()))
 		return ChannelRef(&c);
+	lock_timeouts_.fetch_add(1, std::memory_order_relaxed);
 	logger("volume")->debug("no data channel came free within the timeout");
 	return ChannelRef();
+}
+
+Volume::Channel &Volume::stripe() const
+{
+	return *channels_[t_thread_index % channels_.size()];
+}
+
+int Volume::count_error(VolumeOp op, int err)
+{
+	if (err) {
+		const VolumeErr kind = err == EIO      ? VolumeErr::Eio
+				       : err == ENOSPC ? VolumeErr::Enospc
+				       : err == EINVAL ? VolumeErr::Einval
+						       : VolumeErr::Other;
+		errors_[size_t(op)][size_t(kind)].fetch_add(1, std::memory_order_relaxed);
+	}
+	return err;
 }
 
 int Volume::check_range(uint64_t count, uint64_t offset) const

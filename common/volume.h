@@ -28,6 +28,7 @@
 //   exclusive section.
 #pragma once
 
+#include <array>
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
@@ -41,6 +42,7 @@
 #include <thread>
 #include <vector>
 
+#include "common/metrics_text.h"
 #include "common/slab_lock.h"
 #include "common/transport.h"
 
@@ -88,6 +90,34 @@ struct VolumeStats {
 	uint64_t switch_us_max = 0;   // longest exclusive switch-over section after a copy
 };
 
+// The errors a request returned to the client, by operation and errno.
+enum class VolumeOp : uint8_t { Read, Write, Trim, Zero };
+inline constexpr size_t kVolumeOps = 4;
+enum class VolumeErr : uint8_t { Eio, Enospc, Einval, Other };
+inline constexpr size_t kVolumeErrs = 4;
+
+// Everything the status file and the metrics file report, gathered once (control path).
+struct VolumeReport {
+	VolumeStats st;
+	uint64_t size = 0, slab_size = 0;
+	unsigned replicas = 0;
+	// The I/O channels (not the repair thread's copies): requests served and bytes moved
+	// (bytes: of requests that succeeded).
+	uint64_t reads = 0, writes = 0, read_bytes = 0, write_bytes = 0;
+	LatencySnapshot read_latency, write_latency; // every read and write, failed ones too
+	DataPathCounters dp;
+	std::array<std::array<uint64_t, kVolumeErrs>, kVolumeOps> errors{};
+	uint64_t lock_timeouts = 0; // no channel or slab lock within the bound (then EIO)
+	struct Donor {
+		std::string name;   // host:port
+		const char *state;  // "ok", "failed" (cooling down), "lost" (session gone)
+		uint32_t slabs = 0; // slabs of this volume there
+		uint32_t generation = 0;
+		uint64_t free_on_donor = 0;
+	};
+	std::vector<Donor> donors;
+};
+
 class Volume {
 public:
 	static constexpr size_t kMaxServers = 64;
@@ -120,6 +150,11 @@ public:
 	// without taking a channel), and one line per donor, as `key=value` lines (control path:
 	// allocates).
 	std::string status_text() const;
+	// The same report in the Prometheus text format (rdmaswap_volume_* families;
+	// docs/metrics.md). Control path: allocates.
+	std::string metrics_text() const;
+	// What both reports are made of.
+	VolumeReport report() const;
 	// Wake the repair thread now (tests; also called on every donor failure).
 	void kick_repair();
 
@@ -177,8 +212,12 @@ private:
 		TimedMutex mu;
 		std::byte *buf = nullptr;
 		std::vector<std::unique_ptr<DataPath>> paths; // one per server
-		// Requests served (written under `mu`, read by status_text()).
-		SoloCounter reads, writes;
+		// Requests served and bytes moved (written under `mu`, read by report()).
+		SoloCounter reads, writes, read_bytes, write_bytes;
+		// Latencies, by whichever thread has this as its usual channel (the request may
+		// be served by another, or, for a write, by several): a stripe, so that threads
+		// rarely add to the same counters. No lock.
+		LatencyHistogram read_latency, write_latency;
 	};
 	// A channel held by this thread until destroyed (null if none could be had in time).
 	class ChannelRef {
@@ -330,6 +369,13 @@ private:
 	std::atomic<uint64_t> epoch_raises_{0}, reattached_{0}, reattach_stale_{0};
 	std::atomic<uint64_t> migrated_{0}, migrate_bytes_{0}, migrate_pending_{0}, migrate_ns_{0};
 	std::atomic<uint64_t> clone_aborts_{0}, switch_ns_max_{0};
+	// Errors returned to the client (rare: one shared atomic each) and lock timeouts.
+	std::array<std::array<std::atomic<uint64_t>, kVolumeErrs>, kVolumeOps> errors_{};
+	std::atomic<uint64_t> lock_timeouts_{0};
+	// Count `err` (an errno, 0: none) returned by `op`; returns it.
+	int count_error(VolumeOp op, int err);
+	// The latency stripe of this thread (its usual channel).
+	Channel &stripe() const;
 	std::mutex repair_mu_;
 	std::condition_variable repair_cv_;
 	bool repair_kick_ = false;

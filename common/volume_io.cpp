@@ -30,6 +30,7 @@ int Volume::read_chunk(Channel &ch, uint64_t at, uint32_t len)
 	for (unsigned i = 0; i < n; i++)
 		if (!slabs_[pieces[i].slab].mu.lock_shared_until(until)) {
 			unlock_pieces(slabs_, pieces, i);
+			lock_timeouts_.fetch_add(1, std::memory_order_relaxed);
 			logger("volume")->debug("read at {}: slab {} not free within the timeout", at,
 						pieces[i].slab);
 			return EIO;
@@ -115,6 +116,7 @@ int Volume::write_chunk(Channel &ch, uint64_t at, uint32_t len, uint64_t *fence,
 		Slab &s = slabs_[pieces[i].slab];
 		if (!s.mu.lock_shared_until(until)) {
 			unlock_pieces(slabs_, pieces, i);
+			lock_timeouts_.fetch_add(1, std::memory_order_relaxed);
 			logger("volume")->debug("write at {}: slab {} not free within the timeout", at,
 						pieces[i].slab);
 			return EIO;
@@ -196,23 +198,30 @@ int Volume::write_chunk(Channel &ch, uint64_t at, uint32_t len, uint64_t *fence,
 
 int Volume::pread(void *buf, uint32_t count, uint64_t offset)
 {
+	const int64_t start = now_ns();
 	if (int r = check_range(count, offset))
-		return r;
-	ChannelRef ch = channel();
-	if (!ch)
-		return EIO;
-	ch->reads.add();
-	auto *dst = static_cast<std::byte *>(buf);
-	uint64_t done = 0;
-	while (done < count) {
-		const uint64_t at = offset + done;
-		const uint32_t len = chunk_len(at, count - done);
-		if (int r = read_chunk(*ch, at, len))
-			return r;
-		std::memcpy(dst + done, ch->buf, len);
-		done += len;
+		return count_error(VolumeOp::Read, r);
+	int err = 0;
+	{
+		ChannelRef ch = channel();
+		if (!ch)
+			return count_error(VolumeOp::Read, EIO);
+		ch->reads.add();
+		auto *dst = static_cast<std::byte *>(buf);
+		uint64_t done = 0;
+		while (done < count && !err) {
+			const uint64_t at = offset + done;
+			const uint32_t len = chunk_len(at, count - done);
+			if ((err = read_chunk(*ch, at, len)))
+				break;
+			std::memcpy(dst + done, ch->buf, len);
+			done += len;
+		}
+		if (!err)
+			ch->read_bytes.add(count);
 	}
-	return 0;
+	stripe().read_latency.record(uint64_t(now_ns() - start));
+	return count_error(VolumeOp::Read, err);
 }
 
 int Volume::write_range(const std::byte *src, uint64_t count, uint64_t offset, bool allocate)
@@ -247,6 +256,8 @@ int Volume::write_range(const std::byte *src, uint64_t count, uint64_t offset, b
 			else
 				std::memset(ch->buf, 0, len);
 			r = write_chunk(*ch, at, len, fence, nfence);
+			if (src && r == 0)
+				ch->write_bytes.add(len);
 		}
 		if (r == EAGAIN && !allocate) {
 			r = 0; // zero(): an empty slab reads zeros already
@@ -272,15 +283,18 @@ int Volume::write_range(const std::byte *src, uint64_t count, uint64_t offset, b
 
 int Volume::pwrite(const void *buf, uint32_t count, uint64_t offset)
 {
+	const int64_t start = now_ns();
 	if (int r = check_range(count, offset))
-		return r;
-	return write_range(static_cast<const std::byte *>(buf), count, offset, true);
+		return count_error(VolumeOp::Write, r);
+	const int err = write_range(static_cast<const std::byte *>(buf), count, offset, true);
+	stripe().write_latency.record(uint64_t(now_ns() - start));
+	return count_error(VolumeOp::Write, err);
 }
 
 int Volume::trim(uint32_t count, uint64_t offset)
 {
 	if (int r = check_range(count, offset))
-		return r;
+		return count_error(VolumeOp::Trim, r);
 	const uint64_t end = offset + count;
 	// Whole slabs only; the volume's last slab counts as whole when the range reaches the end.
 	const uint64_t first = (offset + slab_size_ - 1) / slab_size_;
@@ -289,13 +303,13 @@ int Volume::trim(uint32_t count, uint64_t offset)
 	for (uint64_t i = first; i < last; i++)
 		if (int r = give_back(i); r && !err)
 			err = r;
-	return err;
+	return count_error(VolumeOp::Trim, err);
 }
 
 int Volume::zero(uint32_t count, uint64_t offset, bool fast_only)
 {
 	if (int r = check_range(count, offset))
-		return r;
+		return count_error(VolumeOp::Zero, r);
 	if (count == 0)
 		return 0;
 	const uint64_t end = offset + count;
@@ -330,12 +344,13 @@ int Volume::zero(uint32_t count, uint64_t offset, bool fast_only)
 			if (needs_write(partial[i]))
 				return ENOTSUP;
 	int err = 0;
-	if (first < last)
+	if (first < last) // (its errors count as the trim's)
 		err = trim(uint32_t(std::min<uint64_t>(end, last * slab_size_) - first * slab_size_),
 			   first * slab_size_);
 	// Zeros go only to slabs that hold data: an empty slab already reads as zeros.
 	for (unsigned i = 0; i < np && !err; i++)
-		err = write_range(nullptr, partial[i].len, partial[i].at, false);
+		err = count_error(VolumeOp::Zero,
+				  write_range(nullptr, partial[i].len, partial[i].at, false));
 	return err;
 }
 

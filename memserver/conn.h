@@ -56,7 +56,6 @@ struct Memserver::Conn {
 	std::mutex busy;
 	std::atomic<bool> fenced{false};     // a reconnect replaced it: apply nothing more
 	std::atomic<bool> done{false};       // closed and finished
-	std::atomic<uint64_t> read_ops{0}, read_bytes{0}, write_ops{0}, write_bytes{0};
 	// Authentication state: the loop, or the worker applying a control request (never both:
 	// the loop does not touch a connection that is parked).
 	bool authed = false;
@@ -237,6 +236,7 @@ private:
 
 	Memserver &m_;
 	const unsigned index_;
+	LoopCounters &io_; // this loop's READ/WRITE counters
 	Fd ep_, ev_;
 	std::thread thread_;
 	std::atomic<size_t> load_{0};

@@ -46,7 +46,8 @@ bool peer_of_other_version(std::span<const std::byte> h)
 }
 } // namespace
 
-Memserver::Loop::Loop(Memserver &m, unsigned index) : m_(m), index_(index)
+Memserver::Loop::Loop(Memserver &m, unsigned index)
+	: m_(m), index_(index), io_(m.loop_counters_[index])
 {
 	ep_.reset(epoll_create1(EPOLL_CLOEXEC));
 	ev_.reset(eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK));
@@ -411,6 +412,8 @@ void Memserver::Loop::io(Conn &c, const proto::Header &h, std::span<const std::b
 	}
 	std::byte *mem = m_.pool_.begin_access(req.slab_id, c.session.load(std::memory_order_relaxed),
 					       req.offset, req.length);
+	if (!mem)
+		io_.refused.add();
 	if (!write) {
 		if (!mem) {
 			queue_reply(c, h, EACCES);
@@ -419,8 +422,8 @@ void Memserver::Loop::io(Conn &c, const proto::Header &h, std::span<const std::b
 		// The access is open until the reply is taken, which is bounded by the message
 		// timeout: a slow reader cannot hold a release() of the slab for longer.
 		queue_reply(c, h, 0, {}, {}, mem, req.length, req.slab_id);
-		c.read_ops.fetch_add(1, std::memory_order_relaxed);
-		c.read_bytes.fetch_add(req.length, std::memory_order_relaxed);
+		io_.read_ops.add();
+		io_.read_bytes.add(req.length);
 		return;
 	}
 	c.payload = Conn::Payload{h,
@@ -486,8 +489,8 @@ bool Memserver::Loop::pump_payload(Conn &c)
 	}
 	if (p.slab != proto::kNoSlab) {
 		m_.pool_.end_access(p.slab);
-		c.write_ops.fetch_add(1, std::memory_order_relaxed);
-		c.write_bytes.fetch_add(p.len, std::memory_order_relaxed);
+		io_.write_ops.add();
+		io_.write_bytes.add(p.len);
 	}
 	p.active = false;
 	p.slab = proto::kNoSlab;

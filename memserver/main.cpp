@@ -12,6 +12,7 @@
 #include "common/config.h"
 #include "common/log.h"
 #include "common/swap_safety.h"
+#include "memserver/metrics_http.h"
 #include "memserver/server.h"
 
 namespace {
@@ -82,6 +83,9 @@ int main(int argc, char **argv)
 	app.add_option("--max-peer-connections", opts.max_peer_connections,
 		       "connections open at once from one address (at most --max-connections); "
 		       "more are closed at once (default 128)");
+	app.add_option("--metrics-listen", opts.metrics_listen,
+		       "serve Prometheus metrics at http://ADDR:PORT/metrics, e.g. "
+		       "127.0.0.1:9471 (default: off)");
 	app.add_option("--log-level", level, "trace, debug, info, warn, error (default info)");
 	CLI11_PARSE(app, argc, argv);
 
@@ -137,6 +141,12 @@ int main(int argc, char **argv)
 		return 2;
 	}
 	opts.handshake_timeout = std::chrono::milliseconds(handshake_ms);
+	if (!opts.metrics_listen.empty() && !parse_listen_addr(opts.metrics_listen)) {
+		log->error("--metrics-listen '{}' is not ADDR:PORT with a numeric address "
+			   "(examples: 127.0.0.1:9471, [::1]:9471, 0.0.0.0:9471)",
+			   opts.metrics_listen);
+		return 2;
+	}
 	if (message_s == 0 || message_s > 3600) {
 		log->error("--message-timeout must be between 1 and 3600 seconds");
 		return 2;

@@ -22,6 +22,7 @@
 #include "common/log.h"
 #include "common/swap_safety.h"
 #include "memserver/conn.h"
+#include "memserver/metrics_http.h"
 #include "memserver/rdma_service.h"
 
 namespace rdmaswap {
@@ -159,6 +160,7 @@ Memserver::Memserver(const MemserverOptions &opts)
 	} else if (opts_.transport == TransportKind::Auto) {
 		log->info("no RDMA device found; serving TCP only");
 	}
+	loop_counters_ = std::make_unique<LoopCounters[]>(loop_threads());
 	log->info("listening on {}:{} ({}), capacity {} bytes in {} slabs of {} bytes, memory {}, "
 		  "{}",
 		  opts_.listen, port_, rdma_ ? "tcp+rdma" : "tcp", pool_.capacity(),
@@ -166,10 +168,31 @@ Memserver::Memserver(const MemserverOptions &opts)
 		  opts_.insecure ? "NO authentication"
 				 : fmt::format("{} auth key(s), {} admin key(s)",
 					       opts_.auth_keys.size(), opts_.admin_keys.size()));
+	// Last: its thread reads what is made above.
+	if (!opts_.metrics_listen.empty()) {
+		const auto at = parse_listen_addr(opts_.metrics_listen);
+		try {
+			if (!at)
+				throw std::runtime_error("--metrics-listen '" + opts_.metrics_listen +
+							 "' is not ADDR:PORT (examples: "
+							 "127.0.0.1:9471, [::1]:9471)");
+			metrics_ = std::make_unique<MetricsServer>(*at,
+								   [this] { return metrics_text(); });
+		} catch (...) {
+			shutdown(); // no destructor runs for a constructor that throws
+			throw;
+		}
+	}
 }
 
 Memserver::~Memserver()
 {
+	shutdown();
+}
+
+void Memserver::shutdown()
+{
+	metrics_.reset(); // it reads the rest
 	stop_.store(true);
 	loops_.clear();
 	if (rdma_)
@@ -193,33 +216,54 @@ bool Memserver::room_for_connection() const
 	return tcp_open_.load() + qps < opts_.max_connections;
 }
 
-proto::StatsReply Memserver::stats() const
+MemserverSnapshot Memserver::snapshot() const
 {
-	proto::StatsReply r;
+	MemserverSnapshot r;
 	r.capacity = pool_.capacity();
 	r.slab_size = pool_.slab_size();
-	r.slabs_total = pool_.slabs_total();
-	r.slabs_free = pool_.slabs_free();
-	r.sessions = sessions_.count();
-	r.rdma_sessions = sessions_.rdma_count();
+	r.slabs = pool_.counts();
+	r.sessions = sessions_.counts();
+	r.connections = tcp_open_.load(std::memory_order_relaxed);
+	r.rdma = rdma_ != nullptr;
 	r.rdma_qps = rdma_ ? rdma_->qps() : 0;
-	std::lock_guard lock(conns_mu_);
-	r.tcp_read_ops = closed_read_ops_;
-	r.tcp_read_bytes = closed_read_bytes_;
-	r.tcp_write_ops = closed_write_ops_;
-	r.tcp_write_bytes = closed_write_bytes_;
-	for (auto &c : conns_) {
-		r.tcp_read_ops += c->read_ops.load(std::memory_order_relaxed);
-		r.tcp_read_bytes += c->read_bytes.load(std::memory_order_relaxed);
-		r.tcp_write_ops += c->write_ops.load(std::memory_order_relaxed);
-		r.tcp_write_bytes += c->write_bytes.load(std::memory_order_relaxed);
-		r.connections += !c->done.load();
+	r.accepted = accepted_.get();
+	for (size_t i = 0; i < r.refused.size(); i++)
+		r.refused[i] = refused_[i].get();
+	for (size_t i = 0; i < r.peer_events.size(); i++)
+		r.peer_events[i] = peer_events_[i].load(std::memory_order_relaxed);
+	for (unsigned i = 0; i < loop_threads(); i++) {
+		const LoopCounters &l = loop_counters_[i];
+		r.tcp_read_ops += l.read_ops.get();
+		r.tcp_read_bytes += l.read_bytes.get();
+		r.tcp_write_ops += l.write_ops.get();
+		r.tcp_write_bytes += l.write_bytes.get();
+		r.tcp_refused += l.refused.get();
 	}
+	return r;
+}
+
+proto::StatsReply Memserver::stats() const
+{
+	const MemserverSnapshot s = snapshot();
+	proto::StatsReply r;
+	r.capacity = s.capacity;
+	r.slab_size = s.slab_size;
+	r.slabs_total = s.slabs.total;
+	r.slabs_free = s.slabs.free;
+	r.sessions = s.sessions.sessions;
+	r.rdma_sessions = s.sessions.rdma;
+	r.rdma_qps = s.rdma_qps;
+	r.tcp_read_ops = s.tcp_read_ops;
+	r.tcp_read_bytes = s.tcp_read_bytes;
+	r.tcp_write_ops = s.tcp_write_ops;
+	r.tcp_write_bytes = s.tcp_write_bytes;
+	r.connections = s.connections;
 	return r;
 }
 
 void Memserver::warn_peer(PeerEvent kind, const std::string &what)
 {
+	peer_events_[size_t(kind)].fetch_add(1, std::memory_order_relaxed);
 	uint64_t suppressed = 0;
 	if (!peer_log_[size_t(kind)].allow(suppressed))
 		return;
@@ -265,10 +309,6 @@ void Memserver::reap()
 			++it;
 			continue;
 		}
-		closed_read_ops_ += c.read_ops;
-		closed_read_bytes_ += c.read_bytes;
-		closed_write_ops_ += c.write_ops;
-		closed_write_bytes_ += c.write_bytes;
 		it = conns_.erase(it);
 	}
 }
@@ -353,7 +393,8 @@ bool Memserver::accept_one()
 	const PeerAddr addr = PeerAddr::from(ss);
 	// --max-connections counts RDMA QPs too.
 	const bool full = !room_for_connection();
-	if (peers_.admit(addr, Clock::now(), full) != PeerTable::Verdict::Ok) {
+	if (const auto v = peers_.admit(addr, Clock::now(), full); v != PeerTable::Verdict::Ok) {
+		refused_[size_t(v)].add();
 		// Closed at once with a reset: a flood holds no thread, no memory and no socket in
 		// a closing state.
 		const linger reset{1, 0};
@@ -372,6 +413,7 @@ bool Memserver::accept_one()
 	setsockopt(fd.get(), IPPROTO_TCP, TCP_KEEPCNT, &cnt, sizeof cnt);
 	setsockopt(fd.get(), IPPROTO_TCP, TCP_USER_TIMEOUT, &user_timeout_ms,
 		   sizeof user_timeout_ms);
+	accepted_.add();
 	auto c = std::make_shared<Conn>(keys_);
 	c->fd = std::move(fd);
 	c->peer = peer_name(ss);

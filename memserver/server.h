@@ -27,6 +27,7 @@
 #include "common/log.h"
 #include "common/protocol.h"
 #include "common/tcp/socket.h"
+#include "common/transport.h"
 #include "memserver/peers.h"
 #include "memserver/sessions.h"
 #include "memserver/slab_pool.h"
@@ -35,6 +36,7 @@
 namespace rdmaswap {
 
 class RdmaService;
+class MetricsServer;
 
 struct MemserverOptions {
 	std::string listen = "0.0.0.0";
@@ -87,6 +89,30 @@ struct MemserverOptions {
 	// (between the bind and the move of the slabs), logging "lifecycle pause" first, so that a
 	// test can try to interleave another transition there. 0: off.
 	std::chrono::milliseconds test_lifecycle_pause{0};
+	// --metrics-listen ADDR:PORT: serve GET /metrics (Prometheus text format) there, on a
+	// thread of its own (memserver/metrics_http.h). Empty: off.
+	std::string metrics_listen;
+};
+
+// What the memserver counts, read without any lock (Memserver::snapshot()): STATS and the
+// metrics endpoint report it. Each value is exact when read; they may come from different
+// moments.
+struct MemserverSnapshot {
+	uint64_t capacity = 0, slab_size = 0;
+	SlabPool::Counts slabs;
+	SessionTable::Counts sessions;
+	uint32_t connections = 0; // TCP connections open
+	uint32_t rdma_qps = 0;
+	bool rdma = false;        // the RDMA service runs
+	uint64_t accepted = 0;    // TCP connections admitted
+	// TCP connections closed at once by the accept loop, by PeerTable::Verdict (Ok unused).
+	std::array<uint64_t, PeerTable::kVerdicts> refused{};
+	// Memserver::warn_peer calls, by PeerEvent (before rate-limiting: every event).
+	std::array<uint64_t, 4> peer_events{};
+	// TCP READ/WRITE requests served and their bytes; refused: answered EACCES (the slab
+	// not the session's, or the range outside it).
+	uint64_t tcp_read_ops = 0, tcp_read_bytes = 0, tcp_write_ops = 0, tcp_write_bytes = 0;
+	uint64_t tcp_refused = 0;
 };
 
 // MemAvailable in bytes from a /proc/meminfo-format file; nullopt if absent or unreadable.
@@ -111,7 +137,12 @@ public:
 	// service rejects a new QP then.
 	bool room_for_connection() const;
 	bool rdma_enabled() const { return rdma_ != nullptr; }
+	// Takes no lock (it may be called from any thread, e.g. the metrics endpoint's).
+	MemserverSnapshot snapshot() const;
 	proto::StatsReply stats() const;
+	// snapshot() in the Prometheus text format (rdmaswap_memserver_* families;
+	// docs/metrics.md). Takes no lock; allocates.
+	std::string metrics_text() const;
 	// Withdraw `bytes` (rounded up to slabs) of capacity: free slabs at once, granted ones
 	// are wanted back from their owners (GIVEBACK; also used by --reserve).
 	proto::GiveBackReply give_back(uint64_t bytes);
@@ -193,8 +224,10 @@ private:
 			  uint32_t lease_s);
 	// The test hook of MemserverOptions::test_lifecycle_pause (under the lifecycle mutex).
 	void lifecycle_pause(const char *step, uint64_t session);
-	// Drop closed connections from conns_ (their counters go to the totals).
+	// Drop closed connections from conns_.
 	void reap();
+	// Stop everything (the destructor; the constructor when it fails after starting threads).
+	void shutdown();
 	// Stop connection `id` of `session` from applying any further request, waiting for the
 	// one it may be applying now. No-op if there is no such connection.
 	void fence(uint64_t session, uint64_t id);
@@ -220,6 +253,17 @@ private:
 	std::unique_ptr<WorkerPool> workers_;
 	std::vector<std::unique_ptr<Loop>> loops_;
 	std::atomic<unsigned> tcp_open_{0}; // TCP connections admitted and not yet closed
+	// The READ/WRITE counters of one event loop: written by that loop only, read relaxed by
+	// snapshot(). One per loop (loop_threads()), made by the constructor.
+	struct alignas(64) LoopCounters {
+		SoloCounter read_ops, read_bytes, write_ops, write_bytes, refused;
+	};
+	std::unique_ptr<LoopCounters[]> loop_counters_;
+	// The accept loop's: connections admitted, and refused by verdict.
+	SoloCounter accepted_;
+	std::array<SoloCounter, PeerTable::kVerdicts> refused_;
+	// warn_peer() calls by kind (any thread).
+	std::array<std::atomic<uint64_t>, 4> peer_events_{};
 	std::thread reserve_thread_;
 	std::thread lease_thread_;
 	// Accept loop only: when each kind of refusal was last reported, and the next sweep.
@@ -234,9 +278,9 @@ private:
 
 	mutable std::mutex conns_mu_;
 	std::list<std::shared_ptr<Conn>> conns_;
-	// Totals of connections that have ended.
-	uint64_t closed_read_ops_ = 0, closed_read_bytes_ = 0;
-	uint64_t closed_write_ops_ = 0, closed_write_bytes_ = 0;
+	// --metrics-listen (null: off). Started last by the constructor, stopped first by the
+	// destructor: it reads the members above.
+	std::unique_ptr<MetricsServer> metrics_;
 };
 
 // Tell systemd (Type=notify) that we are ready, if NOTIFY_SOCKET is set. No-op otherwise.

@@ -39,6 +39,7 @@ SessionTable::Creds SessionTable::create(bool rdma, const Mac &attach_key)
 	while (map_.count(c.id));
 	c.token = random_u64();
 	map_[c.id] = Entry{c.token, 1, rdma, attach_key};
+	publish();
 	return c;
 }
 
@@ -54,6 +55,7 @@ bool SessionTable::join(uint64_t id, uint64_t token)
 		return false;
 	it->second.refs++;
 	it->second.detached = false; // its client came back before the lease ended
+	publish();
 	return true;
 }
 
@@ -68,10 +70,12 @@ SessionTable::Left SessionTable::leave(uint64_t id)
 	if (!it->second.scoped.empty() && it->second.lease_s > 0) {
 		it->second.detached = true;
 		it->second.detached_at = Clock::now();
+		publish();
 		return Left::Detached;
 	}
 	freed_ += 1 + floor_count(it->second);
 	map_.erase(it); // its floors' pages are unmapped
+	publish();
 	return Left::Ended;
 }
 
@@ -114,6 +118,7 @@ SessionTable::BindResult SessionTable::bind(uint64_t id, const std::string &scop
 		me.floors = std::move(o->second.floors);
 		freed_++;
 		map_.erase(o);
+		publish();
 		break;
 	}
 	me.scoped = scoped;
@@ -149,6 +154,8 @@ std::vector<SessionTable::Expired> SessionTable::expire(Clock::time_point now)
 			++it;
 		}
 	}
+	if (!out.empty())
+		publish();
 	return out;
 }
 
@@ -228,6 +235,27 @@ bool SessionTable::attach_key(uint64_t id, Mac &out) const
 		return false;
 	out = it->second.attach;
 	return true;
+}
+
+void SessionTable::publish()
+{
+	uint32_t detached = 0, rdma = 0;
+	for (const auto &[id, e] : map_) {
+		detached += e.detached;
+		rdma += e.rdma;
+	}
+	sessions_n_.store(uint32_t(map_.size()), std::memory_order_relaxed);
+	detached_n_.store(detached, std::memory_order_relaxed);
+	rdma_n_.store(rdma, std::memory_order_relaxed);
+}
+
+SessionTable::Counts SessionTable::counts() const
+{
+	Counts c;
+	c.sessions = sessions_n_.load(std::memory_order_relaxed);
+	c.detached = detached_n_.load(std::memory_order_relaxed);
+	c.rdma = rdma_n_.load(std::memory_order_relaxed);
+	return c;
 }
 
 uint32_t SessionTable::count() const

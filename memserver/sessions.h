@@ -5,6 +5,7 @@
 // (slabs untouched) until the lease expires or a new session of the same volume takes it over.
 #pragma once
 
+#include <atomic>
 #include <chrono>
 #include <cstdint>
 #include <map>
@@ -51,6 +52,13 @@ public:
 	bool attach_key(uint64_t id, Mac &out) const;
 	uint32_t count() const;
 	uint32_t rdma_count() const;
+	// Sessions, those of them detached (kept for their lease) and RDMA ones, without a lock
+	// (for the metrics endpoint): exact when published, under the table's mutex, after each
+	// change.
+	struct Counts {
+		uint32_t sessions = 0, detached = 0, rdma = 0;
+	};
+	Counts counts() const;
 
 	// --- Volumes and reattach (docs/interfaces.md). A detached session can be joined again
 	// with its token (its client came back), or taken over by a new session that binds the
@@ -115,6 +123,11 @@ private:
 	mutable std::mutex mu_;
 	std::unordered_map<uint64_t, Entry> map_;
 	uint64_t freed_ = 0; // floors and sessions removed, for take_freed()
+	// For counts(): stored by publish() (under mu_, after each change of the map or of a
+	// session's detached flag: one pass over the table, on transitions only, never per
+	// request).
+	std::atomic<uint32_t> sessions_n_{0}, detached_n_{0}, rdma_n_{0};
+	void publish();
 };
 
 // One page of a listing: the entries of `all` that `visible` admits, after skipping the first

@@ -49,12 +49,30 @@ SlabPool::SlabPool(uint64_t capacity, uint64_t slab_size, bool lock)
 	flags_.assign(nslabs_, 0);
 	for (uint32_t i = nslabs_; i-- > 0;)
 		free_.push_back(i);
+	publish();
 }
 
 SlabPool::~SlabPool()
 {
 	if (base_)
 		munmap(base_, capacity_);
+}
+
+void SlabPool::publish()
+{
+	free_n_.store(uint32_t(free_.size()), std::memory_order_relaxed);
+	withdrawn_n_.store(withdrawn_, std::memory_order_relaxed);
+	wanted_n_.store(wanted_, std::memory_order_relaxed);
+}
+
+SlabPool::Counts SlabPool::counts() const
+{
+	Counts c;
+	c.total = nslabs_;
+	c.free = free_n_.load(std::memory_order_relaxed);
+	c.withdrawn = withdrawn_n_.load(std::memory_order_relaxed);
+	c.wanted = wanted_n_.load(std::memory_order_relaxed);
+	return c;
 }
 
 uint32_t SlabPool::slabs_free() const
@@ -72,6 +90,7 @@ std::optional<uint32_t> SlabPool::allocate(uint64_t owner)
 		return std::nullopt;
 	const uint32_t id = free_.back();
 	free_.pop_back();
+	publish();
 	slabs_[id].owner.store(owner);
 	return id;
 }
@@ -114,6 +133,7 @@ bool SlabPool::release(uint32_t id, uint64_t owner)
 		flags_[id] = kWithdrawn;
 		wanted_--;
 		withdrawn_++;
+		publish();
 		return true;
 	}
 	wipe(id);
@@ -121,6 +141,7 @@ bool SlabPool::release(uint32_t id, uint64_t owner)
 	slabs_[id].tag = Tag{};
 	slabs_[id].owner.store(0);
 	free_.push_back(id);
+	publish();
 	return true;
 }
 
@@ -192,6 +213,7 @@ SlabPool::Withdrawal SlabPool::withdraw(uint32_t n)
 			wanted_++;
 			w.wanted++;
 		}
+		publish();
 	}
 	for (uint32_t id : drop)
 		drop_pages(id);
@@ -215,6 +237,7 @@ uint32_t SlabPool::cancel_wanted(uint32_t n)
 			wanted_--;
 			done++;
 		}
+	publish();
 	return done;
 }
 
@@ -244,6 +267,7 @@ uint32_t SlabPool::restore(uint32_t n)
 		flags_[id] = 0;
 		withdrawn_--;
 		free_.push_back(id);
+		publish();
 		done++;
 	}
 	return done;

@@ -76,6 +76,12 @@ public:
 	std::vector<uint32_t> wanted_by(uint64_t owner) const;
 	uint32_t slabs_withdrawn() const;
 	uint32_t slabs_wanted() const;
+	// The counts above without a lock (for the metrics endpoint): each is exact when it was
+	// published, under the pool's mutex, but they may come from different moments.
+	struct Counts {
+		uint32_t total = 0, free = 0, withdrawn = 0, wanted = 0;
+	};
+	Counts counts() const;
 
 	// Data path. On success returns a pointer to [off, off+len) of slab `id`, which `owner`
 	// holds, and counts an in-flight access that end_access() must close. nullptr if the slab
@@ -116,6 +122,10 @@ private:
 	std::vector<uint32_t> free_;
 	std::vector<uint8_t> flags_;
 	uint32_t withdrawn_ = 0, wanted_ = 0;
+	// Copies of free_.size(), withdrawn_ and wanted_ for counts(), stored by publish()
+	// (called under mu_ after each change).
+	std::atomic<uint32_t> free_n_{0}, withdrawn_n_{0}, wanted_n_{0};
+	void publish();
 	std::mutex resize_mu_; // serialises withdraw() and restore()
 };
 

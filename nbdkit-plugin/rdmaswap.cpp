@@ -27,6 +27,7 @@
 #include "common/data_path_base.h"
 #include "common/deadline.h"
 #include "common/log.h"
+#include "common/metrics_text.h"
 #include "common/reattach.h"
 #include "common/rdma/rdma_client.h"
 #include "common/remote_server.h"
@@ -90,9 +91,11 @@ std::unique_ptr<rdma::ClientContext> g_rdma;
 std::unique_ptr<Volume> g_volume;
 TransportKind g_chosen = TransportKind::Tcp;
 std::string g_statusfile;          // statusfile=: where the status thread writes
+std::string g_metricsfile;         // metrics-file=: the same, in the Prometheus text format
 
-// Writes the volume's status to g_statusfile every second (write + rename, so readers never
-// see half a file). Control path only.
+// Writes the volume's status to g_statusfile and its metrics to g_metricsfile (each if set)
+// every second (write + rename in the same directory, so readers never see half a file).
+// Control path only.
 class StatusWriter {
 public:
 	StatusWriter()
@@ -118,15 +121,33 @@ public:
 private:
 	static void write()
 	{
-		const std::string text = std::string("transport=") + transport_name(g_chosen) +
-					  "\n" + g_volume->status_text();
-		const std::string tmp = g_statusfile + ".tmp";
+		if (!g_statusfile.empty())
+			replace_file(g_statusfile, std::string("transport=") +
+							   transport_name(g_chosen) + "\n" +
+							   g_volume->status_text());
+		if (!g_metricsfile.empty()) {
+			MetricsText info;
+			info.family("rdmaswap_volume_info", "gauge",
+				    "Always 1: the plugin's version and the transport it chose.");
+			info.sample("rdmaswap_volume_info",
+				    {{"version", RDMASWAP_VERSION},
+				     {"transport", transport_name(g_chosen)}},
+				    uint64_t(1));
+			replace_file(g_metricsfile, info.take() + g_volume->metrics_text());
+		}
+	}
+	// `path` holds `text`, or is left as it was. The temporary file (PATH.tmp) is in the
+	// same directory, so the rename is atomic; node_exporter's textfile collector reads
+	// only *.prom files, so it never sees it.
+	static void replace_file(const std::string &path, const std::string &text)
+	{
+		const std::string tmp = path + ".tmp";
 		FILE *f = std::fopen(tmp.c_str(), "w");
 		if (!f)
 			return;
 		const bool ok = std::fwrite(text.data(), 1, text.size(), f) == text.size();
 		if (std::fclose(f) == 0 && ok)
-			std::rename(tmp.c_str(), g_statusfile.c_str());
+			std::rename(tmp.c_str(), path.c_str());
 	}
 	std::mutex mu_;
 	std::condition_variable cv_;
@@ -265,6 +286,9 @@ int rdmaswap_config(const char *key, const char *value)
 		}
 	} else if (k == "statusfile") {
 		if (config_path(key, value, g_statusfile) < 0)
+			return -1;
+	} else if (k == "metrics-file") {
+		if (config_path(key, value, g_metricsfile) < 0)
 			return -1;
 	} else if (k == "replicas") {
 		if (nbdkit_parse_unsigned("replicas", value, &g_cfg.replicas) < 0)
@@ -534,7 +558,7 @@ int rdmaswap_after_fork()
 		nbdkit_error("rdmaswap: %s", e.what());
 		return -1;
 	}
-	if (!g_statusfile.empty())
+	if (!g_statusfile.empty() || !g_metricsfile.empty())
 		g_status = std::make_unique<StatusWriter>();
 	nbdkit_debug("rdmaswap: volume of %llu bytes over %zu memserver(s) via %s, slab size %llu, "
 		     "%u replica(s)",
@@ -626,6 +650,8 @@ struct nbdkit_plugin make_plugin()
 			"                    (default 2 with two or more servers, else 1)\n"
 			"timeout=SECONDS     bound on each network operation (default 10)\n"
 			"statusfile=PATH     write the volume's status there every second\n"
+			"metrics-file=PATH   write its metrics there every second (Prometheus\n"
+			"                    text format, for node_exporter's textfile collector)\n"
 			"auth-key=FILE       the cluster's shared key (required unless insecure)\n"
 			"insecure=true       memservers run with --insecure (no authentication)\n"
 			"volume=NAME         the volume's id on the memservers (default: derived\n"

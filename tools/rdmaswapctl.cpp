@@ -16,9 +16,108 @@
 
 namespace {
 
+// `s` as a JSON string, quotes included.
+std::string json_string(const std::string &s)
+{
+	std::string out = "\"";
+	for (unsigned char c : s) {
+		if (c == '"' || c == '\\') {
+			out += '\\';
+			out += char(c);
+		} else if (c < 0x20) {
+			char buf[8];
+			std::snprintf(buf, sizeof buf, "\\u%04x", c);
+			out += buf;
+		} else {
+			out += char(c);
+		}
+	}
+	return out + "\"";
+}
+
+// A decimal number that JSON can carry as a number: digits only, no leading zero.
+bool json_number(const std::string &s)
+{
+	return !s.empty() && s.size() <= 19 && s.find_first_not_of("0123456789") == std::string::npos &&
+	       (s == "0" || s[0] != '0');
+}
+
+// The report on one server= or volume=: `key=value` lines (printed as they come), or with
+// --json one JSON object on one line (printed by end()); numbers as numbers.
+class Report {
+public:
+	explicit Report(bool json) : json_(json) {}
+	void str(const std::string &k, const std::string &v)
+	{
+		if (json_)
+			field(k, json_string(v));
+		else
+			std::printf("%s=%s\n", k.c_str(), v.c_str());
+	}
+	void num(const std::string &k, long long v)
+	{
+		if (json_)
+			field(k, std::to_string(v));
+		else
+			std::printf("%s=%lld\n", k.c_str(), v);
+	}
+	// A value from a key=value line: a number if it looks like one.
+	void value(const std::string &k, const std::string &v)
+	{
+		if (json_ && json_number(v))
+			field(k, v);
+		else
+			str(k, v);
+	}
+	// JSON only: a value that is JSON already (an array, an object).
+	void json(const std::string &k, const std::string &v) { field(k, v); }
+	bool is_json() const { return json_; }
+	void end()
+	{
+		if (json_)
+			std::printf("{%s}\n", body_.c_str());
+		else
+			std::printf("\n");
+	}
+
+private:
+	void field(const std::string &k, const std::string &v)
+	{
+		if (!body_.empty())
+			body_ += ',';
+		body_ += json_string(k) + ":" + v;
+	}
+	bool json_;
+	std::string body_;
+};
+
+// "ADDR k=v k=v" (a status file's donor.N value) as a JSON object: {"address":ADDR,"k":v...}.
+std::string donor_json(const std::string &v)
+{
+	std::string out = "{";
+	size_t pos = 0;
+	bool first = true;
+	while (pos < v.size()) {
+		size_t end = v.find(' ', pos);
+		if (end == std::string::npos)
+			end = v.size();
+		const std::string tok = v.substr(pos, end - pos);
+		pos = end + 1;
+		if (tok.empty())
+			continue;
+		const size_t eq = tok.find('=');
+		const std::string k = first || eq == std::string::npos ? "address" : tok.substr(0, eq);
+		const std::string val = first || eq == std::string::npos ? tok : tok.substr(eq + 1);
+		out += std::string(first ? "" : ",") + json_string(k) + ":" +
+		       (json_number(val) ? val : json_string(val));
+		first = false;
+	}
+	return out + "}";
+}
+
 int usage()
 {
-	std::fprintf(stderr, "usage: rdmaswapctl status [server=HOST[:PORT] ...] [volume=STATUSFILE]\n"
+	std::fprintf(stderr, "usage: rdmaswapctl status [--json] [server=HOST[:PORT] ...] [volume=STATUSFILE]\n"
 			     "       [timeout=SECONDS] [auth-key=FILE | admin-key=FILE | insecure=true]\n"
 			     "       rdmaswapctl giveback|lend server=HOST[:PORT] size=SIZE\n"
 			     "       [timeout=SECONDS] [admin-key=FILE | insecure=true]\n"
@@ -29,7 +128,8 @@ int usage()
 			     "           slabs, re-replication progress and donors\n"
 			     "  giveback  withdraw SIZE of a memserver's capacity: free slabs at\n"
 			     "           once, used ones after their clients moved them (admin)\n"
-			     "  lend     offer up to SIZE of withdrawn capacity again (admin)\n");
+			     "  lend     offer up to SIZE of withdrawn capacity again (admin)\n"
+			     "  --json   status as one JSON object per server= or volume=, one a line\n");
 	return 2;
 }
 
@@ -84,17 +184,33 @@ int list_sessions(rdmaswap::ControlClient &c, std::vector<rdmaswap::proto::Sessi
 }
 
 // One line per session: session.N=ID volume=NAME|- peer=ADDR slabs=N state=live|detached
-// connections=N lease=S lease_left_ms=MS [rdma]
-void print_sessions(const std::vector<rdmaswap::proto::SessionEntry> &v)
+// connections=N lease=S lease_left_ms=MS [rdma]. JSON: "session_list": an array of objects with
+// those fields (volume and peer null when unknown, rdma true or false).
+void print_sessions(Report &out, const std::vector<rdmaswap::proto::SessionEntry> &v)
 {
 	using namespace rdmaswap;
 	uint32_t detached = 0;
+	std::string arr = "[";
 	for (size_t i = 0; i < v.size(); i++) {
 		const auto &e = v[i];
 		const std::string vol(e.volume.data(), strnlen(e.volume.data(), e.volume.size()));
 		const std::string peer(e.peer.data(), strnlen(e.peer.data(), e.peer.size()));
 		const bool det = e.flags & proto::kSessionDetached;
 		detached += det;
+		if (out.is_json()) {
+			char id[17];
+			std::snprintf(id, sizeof id, "%016llx", (unsigned long long)e.session);
+			arr += std::string(i ? "," : "") + "{\"session\":" + json_string(id) +
+			       ",\"volume\":" + (vol.empty() ? "null" : json_string(vol)) +
+			       ",\"peer\":" + (peer.empty() ? "null" : json_string(peer)) +
+			       ",\"slabs\":" + std::to_string(e.slabs) + ",\"state\":\"" +
+			       (det ? "detached" : "live") +
+			       "\",\"connections\":" + std::to_string(e.connections) +
+			       ",\"lease\":" + std::to_string(e.lease_s) +
+			       ",\"lease_left_ms\":" + std::to_string(e.lease_left_ms) +
+			       ",\"rdma\":" + (e.flags & proto::kSessionRdma ? "true" : "false") + "}";
+			continue;
+		}
 		std::printf("session.%zu=%016llx volume=%s peer=%s slabs=%u state=%s connections=%u "
 			    "lease=%u lease_left_ms=%llu%s\n",
 			    i, (unsigned long long)e.session, vol.empty() ? "-" : vol.c_str(),
@@ -102,7 +218,9 @@ void print_sessions(const std::vector<rdmaswap::proto::SessionEntry> &v)
 			    e.connections, e.lease_s, (unsigned long long)e.lease_left_ms,
 			    e.flags & proto::kSessionRdma ? " rdma" : "");
 	}
-	std::printf("sessions_detached=%u\n", detached);
+	if (out.is_json())
+		out.json("session_list", arr + "]");
+	out.num("sessions_detached", detached);
 }
 
 } // namespace
@@ -120,9 +238,13 @@ int main(int argc, char **argv)
 	std::vector<std::string> volumes;
 	std::chrono::milliseconds timeout{5000};
 	std::shared_ptr<const AuthKey> auth, admin;
-	bool insecure = false;
+	bool insecure = false, json = false;
 	for (int i = 2; i < argc; i++) {
 		const std::string arg = argv[i];
+		if (arg == "--json" && !giveback) {
+			json = true;
+			continue;
+		}
 		const size_t eq = arg.find('=');
 		const std::string key = arg.substr(0, eq);
 		const std::string value = eq == std::string::npos ? "" : arg.substr(eq + 1);
@@ -198,11 +320,13 @@ int main(int argc, char **argv)
 		return change_capacity(servers[0], cmd == "lend", giveback_size, timeout, auth);
 	int rc = 0;
 	for (const auto &path : volumes) {
-		std::printf("volume=%s\n", path.c_str());
+		Report out(json);
+		out.str("volume", path);
 		struct stat st {};
 		FILE *f = std::fopen(path.c_str(), "r");
 		if (!f || fstat(fileno(f), &st) != 0) {
-			std::printf("error=%s\n\n", std::strerror(errno));
+			out.str("error", std::strerror(errno));
+			out.end();
 			if (f)
 				std::fclose(f);
 			rc = 1;
@@ -210,18 +334,33 @@ int main(int argc, char **argv)
 		}
 		const long age = long(time(nullptr) - st.st_mtime);
 		char line[512];
-		while (std::fgets(line, sizeof line, f))
-			std::fputs(line, stdout);
+		std::string donors = "[";
+		while (std::fgets(line, sizeof line, f)) {
+			std::string l(line);
+			while (!l.empty() && l.back() == '\n')
+				l.pop_back();
+			const size_t eq = l.find('=');
+			if (eq == std::string::npos)
+				continue;
+			const std::string k = l.substr(0, eq), v = l.substr(eq + 1);
+			if (json && k.rfind("donor.", 0) == 0)
+				donors += (donors.size() > 1 ? "," : "") + donor_json(v);
+			else
+				out.value(k, v);
+		}
 		std::fclose(f);
-		std::printf("age_seconds=%ld\n", age);
+		if (json)
+			out.json("donors", donors + "]");
+		out.num("age_seconds", age);
 		if (age > 5) {
-			std::printf("error=status is %ld s old: is nbdkit running?\n", age);
+			out.str("error", "status is " + std::to_string(age) + " s old: is nbdkit running?");
 			rc = 1;
 		}
-		std::printf("\n");
+		out.end();
 	}
 	for (const auto &ep : servers) {
-		std::printf("server=%s\n", ep.str().c_str());
+		Report out(json);
+		out.str("server", ep.str());
 		proto::StatsReply s;
 		proto::GiveBackReply g;
 		std::vector<proto::SessionEntry> sessions;
@@ -234,33 +373,38 @@ int main(int argc, char **argv)
 			if (!err)
 				err = list_sessions(c, sessions);
 		} catch (const std::exception &e) {
-			std::printf("error=%s\n\n", e.what());
+			out.str("error", e.what());
+			out.end();
 			rc = 1;
 			continue;
 		}
 		if (err) {
-			std::printf("error=%s\n\n", connect_error_text(err).c_str());
+			out.str("error", connect_error_text(err));
+			out.end();
 			rc = 1;
 			continue;
 		}
+		out.num("capacity", (long long)s.capacity);
+		out.num("slab_size", (long long)s.slab_size);
+		out.num("slabs_total", s.slabs_total);
+		out.num("slabs_free", s.slabs_free);
 		// Withdrawn slabs are given back to the host: neither free nor used.
-		std::printf("capacity=%llu\nslab_size=%llu\nslabs_total=%u\nslabs_free=%u\n"
-			    "slabs_used=%u\nslabs_withdrawn=%u\nbytes_withdrawn=%llu\n"
-			    "pending_moves=%u\nsessions=%u\nconnections=%u\n"
-			    "tcp_read_ops=%llu\ntcp_read_bytes=%llu\n"
-			    "tcp_write_ops=%llu\ntcp_write_bytes=%llu\nrdma_qps=%u\n"
-			    "rdma_sessions=%u\n",
-			    (unsigned long long)s.capacity, (unsigned long long)s.slab_size,
-			    s.slabs_total, s.slabs_free,
-			    s.slabs_total - std::min(s.slabs_total, s.slabs_free + g.slabs_withdrawn),
-			    g.slabs_withdrawn, (unsigned long long)(g.slabs_withdrawn * s.slab_size),
-			    g.slabs_wanted, s.sessions,
-			    s.connections, (unsigned long long)s.tcp_read_ops,
-			    (unsigned long long)s.tcp_read_bytes, (unsigned long long)s.tcp_write_ops,
-			    (unsigned long long)s.tcp_write_bytes, s.rdma_qps, s.rdma_sessions);
-		std::printf("sessions_listed=%s\n", admin || insecure ? "all" : "this-host");
-		print_sessions(sessions);
-		std::printf("\n");
+		out.num("slabs_used",
+			s.slabs_total - std::min(s.slabs_total, s.slabs_free + g.slabs_withdrawn));
+		out.num("slabs_withdrawn", g.slabs_withdrawn);
+		out.num("bytes_withdrawn", (long long)(uint64_t(g.slabs_withdrawn) * s.slab_size));
+		out.num("pending_moves", g.slabs_wanted);
+		out.num("sessions", s.sessions);
+		out.num("connections", s.connections);
+		out.num("tcp_read_ops", (long long)s.tcp_read_ops);
+		out.num("tcp_read_bytes", (long long)s.tcp_read_bytes);
+		out.num("tcp_write_ops", (long long)s.tcp_write_ops);
+		out.num("tcp_write_bytes", (long long)s.tcp_write_bytes);
+		out.num("rdma_qps", s.rdma_qps);
+		out.num("rdma_sessions", s.rdma_sessions);
+		out.str("sessions_listed", admin || insecure ? "all" : "this-host");
+		print_sessions(out, sessions);
+		out.end();
 	}
 	return rc;
 }
