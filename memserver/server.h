@@ -111,6 +111,11 @@ public:
 	// service rejects a new QP then.
 	bool room_for_connection() const;
 	bool rdma_enabled() const { return rdma_ != nullptr; }
+	// The pool's shape and its free slabs, for the etcd registry (SlabPool::mu_ briefly,
+	// never a lock of the data path).
+	uint64_t slab_size() const { return pool_.slab_size(); }
+	uint32_t slabs_total() const { return pool_.slabs_total(); }
+	uint32_t slabs_free() const { return pool_.slabs_free(); }
 	proto::StatsReply stats() const;
 	// Withdraw `bytes` (rounded up to slabs) of capacity: free slabs at once, granted ones
 	// are wanted back from their owners (GIVEBACK; also used by --reserve).
