@@ -62,10 +62,12 @@ void Registry::stop()
 		if (!stopping_) {
 			stopping_ = true;
 			stop_deadline_ = Clock::now() + opts_.stop_bound;
+			// A request in progress ends at once. Under mu_: the thread clears this
+			// under mu_ before it deregisters, so it cannot cut the deregistration.
+			client_.interrupt();
 		}
 	}
 	cv_.notify_all();
-	client_.interrupt(); // a request in progress ends at once
 	if (thread_.joinable())
 		thread_.join();
 }
@@ -147,6 +149,11 @@ void Registry::run()
 		}
 		Clock::time_point next;
 		if (!why.empty()) {
+			{
+				std::lock_guard lock(mu_);
+				if (stopping_) // interrupted by stop(): no outage to report
+					break;
+			}
 			if (!outage)
 				log->warn("etcd: cannot register {} ({}); serving on, retrying every {} "
 					  "ms at most",
@@ -162,11 +169,11 @@ void Registry::run()
 	}
 
 	// A clean stop: remove the key now rather than at the lease's expiry.
-	client_.clear_interrupt();
 	Clock::time_point deadline;
 	{
 		std::lock_guard lock(mu_);
 		deadline = stop_deadline_;
+		client_.clear_interrupt();
 	}
 	if (lease == 0)
 		return;
