@@ -72,6 +72,15 @@ std::string bytes_field(const json &obj, const char *name)
 	return *d;
 }
 
+KeyValue kv_from(const json &kv)
+{
+	if (!kv.is_object())
+		throw std::invalid_argument("a kv is not an object");
+	return {bytes_field(kv, "key"),           bytes_field(kv, "value"),
+		int_field(kv, "lease"),           int_field(kv, "create_revision"),
+		int_field(kv, "mod_revision"),    int_field(kv, "version")};
+}
+
 // Parse `text`; a JSON object or nullopt with `why`. An {"error": ...} object is reported as
 // a failure with its code.
 template <class T> std::optional<json> object_or_error(std::string_view text, Result<T> &fail)
@@ -271,13 +280,8 @@ Result<std::vector<KeyValue>> parse_range(std::string_view text)
 			return out;
 		if (!kvs->is_array())
 			throw std::invalid_argument("kvs is not an array");
-		for (const json &kv : *kvs) {
-			if (!kv.is_object())
-				throw std::invalid_argument("a kv is not an object");
-			out.push_back({bytes_field(kv, "key"), bytes_field(kv, "value"),
-				       int_field(kv, "lease"), int_field(kv, "create_revision"),
-				       int_field(kv, "mod_revision"), int_field(kv, "version")});
-		}
+		for (const json &kv : *kvs)
+			out.push_back(kv_from(kv));
 		return out;
 	});
 }
@@ -290,6 +294,50 @@ Result<int64_t> parse_deleterange(std::string_view text)
 Result<Ok> parse_empty(std::string_view text)
 {
 	return parse_with<Ok>(text, [](const json &) { return Ok{}; });
+}
+
+std::string watch_body(std::string_view key, std::string_view range_end, int64_t start_revision)
+{
+	json c{{"key", base64_encode(key)}};
+	if (!range_end.empty())
+		c["range_end"] = base64_encode(range_end);
+	if (start_revision)
+		c["start_revision"] = start_revision;
+	return json{{"create_request", c}}.dump();
+}
+
+Result<WatchMessage> parse_watch_message(std::string_view text)
+{
+	return parse_with<WatchMessage>(text, [](const json &j) {
+		const json &r = j.contains("result") ? j.at("result") : j;
+		if (!r.is_object())
+			throw std::invalid_argument("watch result is not an object");
+		WatchMessage m;
+		if (auto h = r.find("header"); h != r.end() && h->is_object())
+			m.revision = int_field(*h, "revision");
+		m.created = r.value("created", false);
+		m.canceled = r.value("canceled", false);
+		m.compact_revision = int_field(r, "compact_revision");
+		m.cancel_reason = r.value("cancel_reason", std::string());
+		auto ev = r.find("events");
+		if (ev == r.end() || ev->is_null())
+			return m;
+		if (!ev->is_array())
+			throw std::invalid_argument("events is not an array");
+		for (const json &e : *ev) {
+			if (!e.is_object() || !e.contains("kv"))
+				throw std::invalid_argument("an event without a kv");
+			WatchEvent we;
+			const std::string type = e.value("type", std::string("PUT"));
+			if (type == "DELETE")
+				we.type = WatchEvent::Type::Delete;
+			else if (type != "PUT")
+				throw std::invalid_argument("unknown event type " + type);
+			we.kv = kv_from(e.at("kv"));
+			m.events.push_back(std::move(we));
+		}
+		return m;
+	});
 }
 
 // ---- Client ----
@@ -450,6 +498,51 @@ Result<std::string> Client::post(const char *path, const std::string &body, Dead
 }
 
 namespace {
+// The receiving side of one watch stream: splits it into lines, parses and hands them on.
+struct WatchStream {
+	const std::function<bool(const WatchMessage &)> *on_message;
+	std::string buf;
+	bool got = false;  // a message was parsed: the stream is open
+	bool ended = false; // on_message or etcd ended it
+	std::string error;
+	int code = 0;
+	// One line; false to stop the transfer.
+	bool line(std::string_view l)
+	{
+		if (l.find_first_not_of(" \t\r") == std::string_view::npos)
+			return true;
+		auto m = parse_watch_message(l);
+		if (!m) {
+			error = m.error;
+			code = m.code;
+			return false;
+		}
+		got = true;
+		if (!(*on_message)(*m.value) || m.value->canceled) {
+			ended = true;
+			return false;
+		}
+		return true;
+	}
+	static size_t write(char *p, size_t size, size_t n, void *self)
+	{
+		auto *w = static_cast<WatchStream *>(self);
+		w->buf.append(p, size * n);
+		size_t nl;
+		while ((nl = w->buf.find('\n')) != std::string::npos) {
+			const bool go = w->line(std::string_view(w->buf).substr(0, nl));
+			w->buf.erase(0, nl + 1);
+			if (!go)
+				return 0;
+		}
+		if (w->buf.size() > kMaxReply) {
+			w->error = "etcd: watch message too large";
+			return 0;
+		}
+		return size * n;
+	}
+};
+
 template <class T, class P>
 Result<T> call(Result<std::string> reply, P parse)
 {
@@ -501,6 +594,64 @@ Result<int64_t> Client::del(std::string_view key, Deadline deadline)
 {
 	return call<int64_t>(post("/v3/kv/deleterange", range_body(key, {}), deadline),
 			     parse_deleterange);
+}
+
+} // namespace rdmaswap::etcd
+
+namespace rdmaswap::etcd {
+
+Result<Ok> Client::watch_prefix(std::string_view prefix, int64_t start_revision,
+				const std::function<bool(const WatchMessage &)> &on_message,
+				Deadline deadline)
+{
+	using namespace std::chrono;
+	const std::string key = prefix.empty() ? std::string(1, '\0') : std::string(prefix);
+	const std::string body = watch_body(key, prefix_range_end(prefix), start_revision);
+	const size_t n = opts_.endpoints.size();
+	std::string last = "etcd: no endpoint tried";
+	CURL *h = curl_->h;
+	for (size_t k = 0; k < n; k++) {
+		if (interrupted_.load())
+			return Result<Ok>::fail("etcd: interrupted");
+		const auto left = duration_cast<milliseconds>(deadline - steady_clock::now());
+		if (left.count() <= 0)
+			return Result<Ok>::fail(last + "; deadline passed");
+		const size_t i = (current_ + k) % n;
+		const std::string url = opts_.endpoints[i] + "/v3/watch";
+		WatchStream w{&on_message};
+		curl_easy_setopt(h, CURLOPT_URL, url.c_str());
+		curl_easy_setopt(h, CURLOPT_POSTFIELDS, body.c_str());
+		curl_easy_setopt(h, CURLOPT_POSTFIELDSIZE, long(body.size()));
+		curl_easy_setopt(h, CURLOPT_TIMEOUT_MS, long(left.count()));
+		curl_easy_setopt(h, CURLOPT_CONNECTTIMEOUT_MS,
+				 long(std::max<int64_t>(1, std::min(left, opts_.connect_timeout).count())));
+		curl_easy_setopt(h, CURLOPT_WRITEFUNCTION, &WatchStream::write);
+		curl_easy_setopt(h, CURLOPT_WRITEDATA, &w);
+		const CURLcode rc = curl_->perform(interrupted_);
+		curl_easy_setopt(h, CURLOPT_WRITEFUNCTION, &Curl::write);
+		curl_easy_setopt(h, CURLOPT_WRITEDATA, curl_.get());
+		if (rc == CURLE_ABORTED_BY_CALLBACK)
+			return Result<Ok>::fail("etcd: interrupted");
+		if (w.ended || (w.got && rc == CURLE_OPERATION_TIMEDOUT)) {
+			current_ = i;
+			return Result<Ok>{Ok{}, {}, 0};
+		}
+		if (!w.error.empty() && w.got)
+			return Result<Ok>::fail(w.error, w.code);
+		if (w.got) // the server closed an open stream
+			return Result<Ok>::fail("etcd " + url + ": watch stream ended: " +
+						(rc == CURLE_OK ? std::string("by the server")
+								: std::string(curl_easy_strerror(rc))));
+		// Not opened here (no connection, an error answer): the next endpoint.
+		if (!w.error.empty())
+			last = "etcd " + url + ": " + w.error;
+		else if (rc != CURLE_OK)
+			last = "etcd " + url + ": " + curl_easy_strerror(rc);
+		else
+			last = "etcd " + url + ": watch not opened: " + w.buf.substr(0, 200);
+	}
+	current_ = (current_ + 1) % n;
+	return Result<Ok>::fail(last);
 }
 
 } // namespace rdmaswap::etcd

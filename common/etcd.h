@@ -1,11 +1,13 @@
 // SPDX-License-Identifier: MIT
 // A small etcd v3 client over etcd's JSON gateway (HTTP POST of JSON, keys and values base64):
-// leases, put, range (also by prefix), delete. Every request has a deadline; errors are values.
+// leases, put, range (also by prefix), delete, watch. Every request has a deadline; errors are
+// values.
 #pragma once
 
 #include <atomic>
 #include <chrono>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -75,6 +77,25 @@ Result<int64_t> parse_deleterange(std::string_view json);
 // put, revoke: only an error matters.
 Result<Ok> parse_empty(std::string_view json);
 
+// A watch: the body that creates it (every key in [key, range_end), from `start_revision`, 0:
+// from now) and one message of its stream (newline-delimited JSON).
+std::string watch_body(std::string_view key, std::string_view range_end, int64_t start_revision);
+struct WatchEvent {
+	enum class Type { Put, Delete } type = Type::Put;
+	KeyValue kv; // a Delete has the key and mod_revision only
+};
+struct WatchMessage {
+	int64_t revision = 0; // the store's revision when it was sent
+	bool created = false;  // the first message: the watch exists
+	bool canceled = false; // the last one: etcd ended the watch
+	// With `canceled`: start_revision was compacted away; read the keys again (a range) and
+	// watch from after that read's revision.
+	int64_t compact_revision = 0;
+	std::string cancel_reason;
+	std::vector<WatchEvent> events;
+};
+Result<WatchMessage> parse_watch_message(std::string_view json);
+
 // ---- The client ----
 
 struct ClientOptions {
@@ -117,6 +138,17 @@ public:
 						 Deadline deadline = kNoDeadline);
 	// How many keys were deleted (0 or 1).
 	Result<int64_t> del(std::string_view key, Deadline deadline = kNoDeadline);
+	// Watch every key starting with `prefix` from `start_revision` (0: from now), calling
+	// `on_message` for each message of the stream (the first says `created`), until
+	// `deadline` (required: a watch is one bounded operation; the caller starts the next one
+	// from the last revision + 1), `on_message` returns false, etcd cancels the watch (that
+	// message is passed on first), interrupt(), or the stream breaks. Ok at the deadline or
+	// when `on_message` or etcd ended it; a failure when no endpoint would open the watch or
+	// the stream broke or carried a malformed message. Endpoints are tried as for the other
+	// calls until one opens the stream.
+	Result<Ok> watch_prefix(std::string_view prefix, int64_t start_revision,
+				const std::function<bool(const WatchMessage &)> &on_message,
+				Deadline deadline);
 
 	const std::vector<std::string> &endpoints() const { return opts_.endpoints; }
 

@@ -27,6 +27,19 @@ published_free() { [[ $(field "$1" slabs_free) == "$2" ]]; }
 now() { date +%s.%N; }
 elapsed() { "$PYTHON" -c 'import sys; print("%.2f" % (float(sys.argv[2]) - float(sys.argv[1])))' "$1" "$2"; }
 etcd_args=(--etcd "$ETCD_ENDPOINTS" --advertise @ADDR@ --etcd-prefix "$prefix")
+check="$RDMASWAP_BUILD/tests/integration/etcd-client-check"
+[[ -x $check ]] || fail "not built: $check"
+
+# 0. The client itself (common/etcd), with the first member's URL wrong (a dead port): a watch
+# sees a put and a delete; a watch from a compacted revision is cancelled with the compaction's
+# revision.
+dead="http://127.0.0.1:$(free_port)"
+timeout 30 "$check" "$dead,$ETCD_ENDPOINTS" watch "${prefix}watch/" || fail "etcd client: watch"
+rev=$(ectl get -w json / | "$PYTHON" -c 'import json, sys; print(json.load(sys.stdin)["header"]["revision"])')
+for i in 1 2 3; do ectl put "${prefix}watch2/x" "$i" >/dev/null; done
+ectl compact $((rev + 3)) >/dev/null
+timeout 30 "$check" "$ETCD_ENDPOINTS" compacted "${prefix}watch2/" $((rev + 1)) ||
+    fail "etcd client: watch from a compacted revision"
 
 # 1. Registration: the key under the prefix, read with etcdctl, with a lease.
 start_memserver 64M 1M "${etcd_args[@]}"
@@ -34,6 +47,8 @@ a=$MEMSERVER_ADDR a_pid=$MEMSERVER_PID a_log=$MEMSERVER_LOG
 wait_until 10 "registration of $a" registered "$a"
 v=$(value "$a")
 log "registered: $v"
+listed=$(timeout 30 "$check" "$ETCD_ENDPOINTS" list "${prefix}donors/") || fail "etcd client: list"
+[[ $listed == "$(donor_key "$a") $v" ]] || fail "etcd client lists '$listed', etcdctl reads '$v'"
 [[ $(field "$a" addr) == "\"$a\"" ]] || fail "addr in $v is not $a"
 [[ $(field "$a" slabs_total) == 64 ]] || fail "slabs_total in $v is not 64"
 [[ $(field "$a" slabs_free) == 64 ]] || fail "slabs_free in $v is not 64"
@@ -78,10 +93,21 @@ grep -q "etcd: deregistered" "$a_log" || fail "memserver $a did not log its dere
 start_memserver 16M 1M "${etcd_args[@]}"
 b=$MEMSERVER_ADDR
 wait_until 10 "registration of $b" registered "$b"
+# The time the key goes is taken from a watch (from the revision read now, so that it sees the
+# delete even if it starts late), not from polling.
+rev=$(ectl get -w json "$(donor_key "$b")" | "$PYTHON" -c 'import json, sys; print(json.load(sys.stdin)["header"]["revision"])')
+(
+    timeout $((ttl + 10)) etcdctl --endpoints "$ETCD_ENDPOINTS" watch --rev=$((rev + 1)) "$(donor_key "$b")" |
+        while read -r line; do [[ $line == DELETE ]] && { now; break; }; done
+) >"$tmpdir/b-gone" &
+watcher=$!
+sleep 0.5
 kill -KILL "$MEMSERVER_PID"
 t0=$(now)
 wait_until $((ttl + 5)) "key of $b gone after kill -9" unregistered "$b"
-took=$(elapsed "$t0" "$(now)")
+wait "$watcher" || true
+[[ -s $tmpdir/b-gone ]] || fail "the watch did not see the key of $b deleted"
+took=$(elapsed "$t0" "$(cat "$tmpdir/b-gone")")
 log "kill -9: key of $b gone after $took s (TTL $ttl s)"
 "$PYTHON" -c 'import sys; sys.exit(float(sys.argv[1]) > float(sys.argv[2]))' "$took" $((ttl + 1)) ||
     fail "the key of $b outlived kill -9 by $took s, more than TTL + 1 s"

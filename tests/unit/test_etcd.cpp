@@ -174,3 +174,45 @@ TEST_CASE("registry: key and value", "[etcd]")
 	CHECK(make_boot_id() != 0);
 	CHECK(make_boot_id() != make_boot_id());
 }
+
+TEST_CASE("etcd: watch body and stream messages (etcd 3.4.23)", "[etcd]")
+{
+	using nlohmann::json;
+	CHECK(json::parse(watch_body("fo", "fp", 0)) ==
+	      json{{"create_request", {{"key", "Zm8="}, {"range_end", "ZnA="}}}});
+	CHECK(json::parse(watch_body("fo", "fp", 7)) ==
+	      json{{"create_request", {{"key", "Zm8="}, {"range_end", "ZnA="}, {"start_revision", 7}}}});
+
+	auto created = parse_watch_message(
+		R"({"result":{"header":{"cluster_id":"1","member_id":"2","revision":"3","raft_term":"2"},"created":true}})");
+	REQUIRE(created);
+	CHECK(created.value->created);
+	CHECK_FALSE(created.value->canceled);
+	CHECK(created.value->revision == 3);
+	CHECK(created.value->events.empty());
+
+	auto ev = parse_watch_message(
+		R"({"result":{"header":{"revision":"5"},"events":[)"
+		R"({"kv":{"key":"Zm9v","create_revision":"4","mod_revision":"4","version":"1","value":"YmFy"}},)"
+		R"({"type":"DELETE","kv":{"key":"Zm9v","mod_revision":"5"}}]}})");
+	REQUIRE(ev);
+	REQUIRE(ev.value->events.size() == 2);
+	CHECK(ev.value->events[0].type == WatchEvent::Type::Put);
+	CHECK(ev.value->events[0].kv.key == "foo");
+	CHECK(ev.value->events[0].kv.value == "bar");
+	CHECK(ev.value->events[1].type == WatchEvent::Type::Delete);
+	CHECK(ev.value->events[1].kv.mod_revision == 5);
+
+	auto compacted = parse_watch_message(
+		R"({"result":{"header":{"raft_term":"2"},"canceled":true,"compact_revision":"2"}})");
+	REQUIRE(compacted);
+	CHECK(compacted.value->canceled);
+	CHECK(compacted.value->compact_revision == 2);
+
+	CHECK_FALSE(parse_watch_message(R"({"result":{"events":[{"type":"BOGUS","kv":{}}]}})"));
+	CHECK_FALSE(parse_watch_message(R"({"result":{"events":[{"type":"PUT"}]}})"));
+	CHECK_FALSE(parse_watch_message(R"({"result":{"created":"yes"}})"));
+	auto err = parse_watch_message(R"({"error":{"grpc_code":14,"message":"no leader"}})");
+	CHECK_FALSE(err);
+	CHECK(err.error.find("no leader") != std::string::npos);
+}
