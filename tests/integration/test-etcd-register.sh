@@ -10,6 +10,21 @@ requires nbdkit --version
 requires_nbdsh
 requires_build memserver plugin ctl
 
+# Bad option sets are refused at once (exit 2, with a message naming the option).
+refused() {
+    local what=$1 out rc=0
+    shift
+    out=$(timeout 10 "$MEMSERVER" --insecure --listen 127.0.0.1 --port 0 --capacity 1M --slab-size 1M "$@" 2>&1) || rc=$?
+    [[ $rc == 2 && $out == *"$what"* ]] || fail "memserver $* exited $rc, not 2 naming $what: $out"
+}
+refused "--advertise" --etcd http://127.0.0.1:2379
+refused "--advertise" --advertise 127.0.0.1:7471
+refused "--etcd" --etcd 127.0.0.1:2379 --advertise 127.0.0.1:7471
+refused "--etcd" --etcd http://127.0.0.1:2379,ftp://x:1 --advertise 127.0.0.1:7471
+refused "--advertise" --etcd http://127.0.0.1:2379 --advertise 127.0.0.1
+refused "--advertise" --etcd http://127.0.0.1:2379 --advertise ::1:7471
+refused "--etcd-prefix" --etcd http://127.0.0.1:2379 --advertise 127.0.0.1:7471 --etcd-prefix ""
+
 start_etcd_cluster 3
 prefix=/rdmaswap-test/
 ttl=10 # the memserver's lease TTL (memserver/registry.h)
