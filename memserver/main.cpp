@@ -1,6 +1,7 @@
 // SPDX-License-Identifier: MIT
 // rdmaswap-memserver: donate this host's memory as slabs to rdmaswap clients.
 #include <csignal>
+#include <memory>
 #include <cstdio>
 #include <cstdlib>
 #include <string>
@@ -10,9 +11,11 @@
 
 #include "common/auth.h"
 #include "common/config.h"
+#include "common/etcd.h"
 #include "common/log.h"
 #include "common/swap_safety.h"
 #include "memserver/metrics_http.h"
+#include "memserver/registry.h"
 #include "memserver/server.h"
 
 namespace {
@@ -86,6 +89,14 @@ int main(int argc, char **argv)
 	app.add_option("--metrics-listen", opts.metrics_listen,
 		       "serve Prometheus metrics at http://ADDR:PORT/metrics, e.g. "
 		       "127.0.0.1:9471 (default: off)");
+	std::string etcd_urls, advertise, etcd_prefix = "/rdmaswap/";
+	app.add_option("--etcd", etcd_urls,
+		       "register this memserver in etcd at these client URLs "
+		       "(http://HOST:PORT[,...]); needs --advertise");
+	app.add_option("--advertise", advertise,
+		       "HOST:PORT that clients dial to reach this memserver, published in etcd");
+	app.add_option("--etcd-prefix", etcd_prefix,
+		       "etcd key prefix; the key is PREFIX donors/HOST:PORT (default /rdmaswap/)");
 	app.add_option("--log-level", level, "trace, debug, info, warn, error (default info)");
 	CLI11_PARSE(app, argc, argv);
 
@@ -116,6 +127,31 @@ int main(int argc, char **argv)
 			return 2;
 		}
 		opts.reserve = *r;
+	}
+	RegistryOptions reg;
+	if (etcd_urls.empty() != advertise.empty()) {
+		log->error("--etcd and --advertise go together: give both or neither");
+		return 2;
+	}
+	if (!etcd_urls.empty()) {
+		std::string why;
+		auto eps = etcd::parse_endpoints(etcd_urls, why);
+		if (!eps) {
+			log->error("--etcd: {}", why);
+			return 2;
+		}
+		const auto adv = parse_endpoint(advertise, 0);
+		if (!adv || adv->port == 0) {
+			log->error("--advertise '{}' is not HOST:PORT (what clients dial)", advertise);
+			return 2;
+		}
+		if (etcd_prefix.empty()) {
+			log->error("--etcd-prefix must not be empty");
+			return 2;
+		}
+		reg.endpoints = std::move(*eps);
+		reg.advertise = adv->str();
+		reg.prefix = etcd_prefix;
 	}
 	// Test hook: read MemAvailable from another file than /proc/meminfo.
 	if (const char *m = getenv("RDMASWAP_MEMINFO"); m && *m)
@@ -195,7 +231,21 @@ int main(int argc, char **argv)
 	try {
 		Memserver server(opts);
 		g_server = &server;
+		std::unique_ptr<Registry> registry; // before `server` goes: it reads its pool
+		if (!reg.endpoints.empty()) {
+			reg.transport = opts.transport == TransportKind::Auto && !server.rdma_enabled()
+						? "tcp"
+						: transport_name(opts.transport);
+			reg.auth = !opts.insecure;
+			reg.slab_size = server.slab_size();
+			reg.slabs_total = server.slabs_total();
+			reg.boot_id = make_boot_id();
+			registry = std::make_unique<Registry>(
+				reg, [&server] { return server.slabs_free(); });
+		}
 		server.run();
+		if (registry)
+			registry->stop(); // deregister (bounded) before the process goes
 		g_server = nullptr;
 	} catch (const std::exception &e) {
 		log->error("{}", e.what());

@@ -196,6 +196,7 @@ ctl_get() {
 # start_memserver CAPACITY SLAB_SIZE [EXTRA_ARGS...]
 # Starts a memserver on 127.0.0.1 on a free port, TCP transport, with --auth-key $AUTH_KEY and
 # --admin-key $ADMIN_KEY unless EXTRA_ARGS say --insecure or --auth-key, and waits until rdmaswapctl status answers. Sets MEMSERVER_PID, MEMSERVER_PORT, MEMSERVER_ADDR (HOST:PORT), MEMSERVER_LOG.
+# @ADDR@ in EXTRA_ARGS becomes MEMSERVER_ADDR (e.g. --advertise @ADDR@).
 # Retries on a few ports in case another process grabbed the free port first.
 _memserver_count=0
 start_memserver() {
@@ -208,7 +209,7 @@ start_memserver() {
         MEMSERVER_ADDR="127.0.0.1:$MEMSERVER_PORT"
         MEMSERVER_LOG="$tmpdir/memserver-$_memserver_count.log"
         "$MEMSERVER" --listen 127.0.0.1 --port "$MEMSERVER_PORT" \
-            --capacity "$capacity" --slab-size "$slab" --transport tcp "$@" \
+            --capacity "$capacity" --slab-size "$slab" --transport tcp "${@//@ADDR@/$MEMSERVER_ADDR}" \
             </dev/null >"$MEMSERVER_LOG" 2>&1 &
         MEMSERVER_PID=$!
         cleanup_pid "$MEMSERVER_PID"
@@ -341,4 +342,69 @@ expect_rss_drop() {
     fi
     (($2 - after >= $3 * 1024 * 9 / 10)) ||
         fail "resident memory of pid $1 shrank by only $(($2 - after)) kB, expected ~$(($3 * 1024)) kB"
+}
+
+# start_etcd_cluster N: start an etcd cluster of N members (etcd-server from Debian) on free
+# 127.0.0.1 ports, data in $tmpdir/etcd-I, logs in $tmpdir/etcd-I.log, and wait (at most 30 s)
+# until every member is healthy. Sets ETCD_ENDPOINTS (the client URLs, comma-separated),
+# ETCD_PIDS, ETCD_CLIENT_URLS, ETCD_PEER_URLS and exports ETCDCTL_API=3. Skips the test if etcd
+# is not installed. Never touches an etcd of the host (Debian's on 127.0.0.1:2379): the ports
+# are free ones and every etcdctl call names its endpoints.
+start_etcd_cluster() {
+    local n=$1 i port used=" "
+    command -v etcd >/dev/null || skip "etcd is not installed (apt-get install etcd-server)"
+    command -v etcdctl >/dev/null || skip "etcdctl is not installed (apt-get install etcd-client)"
+    export ETCDCTL_API=3
+    ETCD_PIDS=() ETCD_CLIENT_URLS=() ETCD_PEER_URLS=() ETCD_INITIAL_CLUSTER=""
+    ETCD_TOKEN="rdmaswap-test-$$-$RANDOM"
+    for ((i = 0; i < 2 * n; i++)); do
+        port=$(free_port)
+        while [[ $used == *" $port "* ]]; do port=$(free_port); done
+        used+="$port "
+        if ((i < n)); then
+            ETCD_CLIENT_URLS+=("http://127.0.0.1:$port")
+        else
+            ETCD_PEER_URLS+=("http://127.0.0.1:$port")
+        fi
+    done
+    for ((i = 0; i < n; i++)); do
+        ETCD_INITIAL_CLUSTER+="${ETCD_INITIAL_CLUSTER:+,}m$i=${ETCD_PEER_URLS[i]}"
+    done
+    for ((i = 0; i < n; i++)); do
+        start_etcd_member "$i"
+    done
+    ETCD_ENDPOINTS=$(IFS=,; echo "${ETCD_CLIENT_URLS[*]}")
+    wait_etcd_healthy 30 "${ETCD_CLIENT_URLS[@]}"
+    log "etcd cluster of $n: $ETCD_ENDPOINTS"
+}
+
+# start_etcd_member I: (re)start member I of the cluster of start_etcd_cluster, with its data
+# directory (a restarted member keeps its data and rejoins). Sets ETCD_PIDS[I]. Does not wait.
+start_etcd_member() {
+    local i=$1
+    # Short heartbeat and election timeouts: a cluster that lost its leader recovers in about a
+    # second, not the default's several.
+    etcd --name "m$i" --data-dir "$tmpdir/etcd-$i" \
+        --listen-client-urls "${ETCD_CLIENT_URLS[i]}" --advertise-client-urls "${ETCD_CLIENT_URLS[i]}" \
+        --listen-peer-urls "${ETCD_PEER_URLS[i]}" --initial-advertise-peer-urls "${ETCD_PEER_URLS[i]}" \
+        --initial-cluster "$ETCD_INITIAL_CLUSTER" --initial-cluster-state new \
+        --initial-cluster-token "$ETCD_TOKEN" --heartbeat-interval 100 --election-timeout 1000 \
+        </dev/null >>"$tmpdir/etcd-$i.log" 2>&1 &
+    ETCD_PIDS[i]=$!
+    cleanup_pid "${ETCD_PIDS[i]}"
+}
+
+# stop_etcd_member I: SIGKILL member I and reap it.
+stop_etcd_member() {
+    kill -KILL "${ETCD_PIDS[$1]}" 2>/dev/null || true
+    wait "${ETCD_PIDS[$1]}" 2>/dev/null || true
+}
+
+# wait_etcd_healthy SECONDS URL...: wait until every member at URL... is healthy (the cluster
+# has a leader and serves a quorum read), at most SECONDS.
+wait_etcd_healthy() {
+    local secs=$1
+    shift
+    wait_until "$secs" "etcd members healthy: $*" \
+        etcdctl --endpoints "$(IFS=,; echo "$*")" --dial-timeout=1s --command-timeout=2s endpoint health
 }

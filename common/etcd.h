@@ -1,0 +1,171 @@
+// SPDX-License-Identifier: MIT
+// A small etcd v3 client over etcd's JSON gateway (HTTP POST of JSON, keys and values base64):
+// leases, put, range (also by prefix), delete, watch. Every request has a deadline; errors are
+// values.
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace rdmaswap::etcd {
+
+// ---- Pure helpers (no network), unit-tested in tests/unit/test_etcd.cpp ----
+
+// Standard base64 (RFC 4648, with padding), as etcd's gateway encodes bytes.
+std::string base64_encode(std::string_view bytes);
+// nullopt if `text` is not valid padded base64 (wrong length, a stray character, bits set in
+// the padding).
+std::optional<std::string> base64_decode(std::string_view text);
+
+// "http://127.0.0.1:2379,http://[::1]:2379": the endpoints, trimmed of spaces and of a trailing
+// '/'. Each must be http:// or https:// followed by HOST:PORT (PORT 1..65535, HOST non-empty;
+// an IPv6 host in brackets) and nothing else. nullopt and `error` set if the list is empty or
+// one is malformed.
+std::optional<std::vector<std::string>> parse_endpoints(std::string_view list, std::string &error);
+
+// The range_end that selects every key starting with `prefix` (the prefix with its last byte
+// below 0xff incremented, what follows dropped); "\0" (every key) when the prefix is empty or
+// all 0xff bytes.
+std::string prefix_range_end(std::string_view prefix);
+
+// One key of a range answer.
+struct KeyValue {
+	std::string key, value;
+	int64_t lease = 0;
+	int64_t create_revision = 0, mod_revision = 0, version = 0;
+};
+
+// What a call returns: a value, or why not. `code` is the gRPC status the gateway reported
+// (5 NotFound, 14 Unavailable, ...; 0 when the failure was not an answer of etcd: a transport
+// error, a timeout, a malformed reply).
+template <class T> struct Result {
+	std::optional<T> value;
+	std::string error;
+	int code = 0;
+	explicit operator bool() const { return value.has_value(); }
+	static Result fail(std::string why, int c = 0) { return {std::nullopt, std::move(why), c}; }
+};
+struct Ok {};
+constexpr int kNotFound = 5; // gRPC NOT_FOUND: e.g. "requested lease not found"
+
+// Request bodies (JSON text) of the gateway's calls. int64 ids are written as numbers.
+std::string lease_grant_body(int64_t ttl_s);
+std::string lease_id_body(int64_t id); // keepalive, revoke
+std::string put_body(std::string_view key, std::string_view value, int64_t lease);
+// An empty `range_end`: the one key; otherwise [key, range_end).
+std::string range_body(std::string_view key, std::string_view range_end);
+
+// Reply parsers. Each accepts the gateway's JSON (int64 fields come as strings, absent fields
+// mean 0) and turns an {"error":..., "code":...} reply into a failed Result with that code.
+struct Lease {
+	int64_t id = 0;
+	int64_t ttl = 0; // seconds; 0 in a keepalive reply: the lease is gone
+};
+Result<Lease> parse_lease_grant(std::string_view json);
+// The keepalive stream's reply ({"result": {...}}) or a plain one.
+Result<Lease> parse_lease_keepalive(std::string_view json);
+Result<std::vector<KeyValue>> parse_range(std::string_view json);
+// Delete: how many keys were deleted.
+Result<int64_t> parse_deleterange(std::string_view json);
+// put, revoke: only an error matters.
+Result<Ok> parse_empty(std::string_view json);
+
+// A watch: the body that creates it (every key in [key, range_end), from `start_revision`, 0:
+// from now) and one message of its stream (newline-delimited JSON).
+std::string watch_body(std::string_view key, std::string_view range_end, int64_t start_revision);
+struct WatchEvent {
+	enum class Type { Put, Delete } type = Type::Put;
+	KeyValue kv; // a Delete has the key and mod_revision only
+};
+struct WatchMessage {
+	int64_t revision = 0; // the store's revision when it was sent
+	bool created = false;  // the first message: the watch exists
+	bool canceled = false; // the last one: etcd ended the watch
+	// With `canceled`: start_revision was compacted away; read the keys again (a range) and
+	// watch from after that read's revision.
+	int64_t compact_revision = 0;
+	std::string cancel_reason;
+	std::vector<WatchEvent> events;
+};
+Result<WatchMessage> parse_watch_message(std::string_view json);
+
+// ---- The client ----
+
+struct ClientOptions {
+	std::vector<std::string> endpoints; // from parse_endpoints
+	// Each attempt on one endpoint (connect, send, whole reply) is bounded by `timeout`, and
+	// its connect by `connect_timeout`. A call tries each endpoint at most once.
+	std::chrono::milliseconds timeout{2000};
+	std::chrono::milliseconds connect_timeout{1000};
+};
+
+// One client, for one thread at a time (it reuses one libcurl handle and its connection; only
+// interrupt() and clear_interrupt() may come from another thread). Never
+// throws after construction; every call returns within (endpoints × timeout), and within its
+// `deadline` when one is given. A call that fails on one endpoint (no connection, a timeout, an
+// HTTP error other than an etcd answer, an etcd "Unavailable" such as no leader) tries the next,
+// starting from the endpoint that answered last; an answer of etcd (e.g. NotFound) is final.
+class Client {
+public:
+	using Deadline = std::chrono::steady_clock::time_point;
+	static constexpr Deadline kNoDeadline = Deadline::max();
+
+	// Throws std::runtime_error only if libcurl cannot be initialised or `endpoints` is empty.
+	explicit Client(ClientOptions opts);
+	~Client();
+	Client(const Client &) = delete;
+	Client &operator=(const Client &) = delete;
+
+	Result<Lease> lease_grant(int64_t ttl_s, Deadline deadline = kNoDeadline);
+	// The lease's remaining TTL; ttl == 0 when etcd no longer knows it.
+	Result<Lease> lease_keepalive(int64_t id, Deadline deadline = kNoDeadline);
+	// Revoking a lease deletes every key attached to it.
+	Result<Ok> lease_revoke(int64_t id, Deadline deadline = kNoDeadline);
+	// lease 0: no lease. A lease etcd does not know fails with code kNotFound.
+	Result<Ok> put(std::string_view key, std::string_view value, int64_t lease = 0,
+		       Deadline deadline = kNoDeadline);
+	// The one key (an empty vector if absent).
+	Result<std::vector<KeyValue>> get(std::string_view key, Deadline deadline = kNoDeadline);
+	// Every key starting with `prefix`, in key order.
+	Result<std::vector<KeyValue>> get_prefix(std::string_view prefix,
+						 Deadline deadline = kNoDeadline);
+	// How many keys were deleted (0 or 1).
+	Result<int64_t> del(std::string_view key, Deadline deadline = kNoDeadline);
+	// Watch every key starting with `prefix` from `start_revision` (0: from now), calling
+	// `on_message` for each message of the stream (the first says `created`), until
+	// `deadline` (required: a watch is one bounded operation; the caller starts the next one
+	// from the last revision + 1), `on_message` returns false, etcd cancels the watch (that
+	// message is passed on first), interrupt(), or the stream breaks. Ok at the deadline or
+	// when `on_message` or etcd ended it; a failure when no endpoint would open the watch or
+	// the stream broke or carried a malformed message. Endpoints are tried as for the other
+	// calls until one opens the stream.
+	Result<Ok> watch_prefix(std::string_view prefix, int64_t start_revision,
+				const std::function<bool(const WatchMessage &)> &on_message,
+				Deadline deadline);
+
+	const std::vector<std::string> &endpoints() const { return opts_.endpoints; }
+
+	// From any thread: the call in progress (if any) fails at once with "interrupted", and so
+	// does every later call until clear_interrupt(). For a prompt stop of the calling thread.
+	void interrupt();
+	void clear_interrupt();
+
+private:
+	// POST `body` to `path` ("/v3/kv/put"), endpoint after endpoint until one answers. The
+	// reply body (any HTTP status) or a failed Result.
+	Result<std::string> post(const char *path, const std::string &body, Deadline deadline);
+	struct Curl;
+	ClientOptions opts_;
+	std::unique_ptr<Curl> curl_;
+	size_t current_ = 0; // the endpoint tried first
+	std::atomic<bool> interrupted_{false};
+};
+
+} // namespace rdmaswap::etcd

@@ -1,0 +1,193 @@
+// SPDX-License-Identifier: MIT
+// The registry thread of registry.h: lease, put, keepalive, re-put on a change of free slabs,
+// retries with backoff while etcd is away, deregistration at a clean stop.
+#include "memserver/registry.h"
+
+#include <algorithm>
+#include <random>
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+#include "common/log.h"
+
+namespace rdmaswap {
+
+using Clock = std::chrono::steady_clock;
+using std::chrono::milliseconds;
+
+uint64_t make_boot_id()
+{
+	std::random_device rd; // getrandom(2)
+	uint64_t id = 0;
+	while (id == 0)
+		id = uint64_t(rd()) << 32 | rd();
+	return id;
+}
+
+std::string registry_key(const RegistryOptions &o)
+{
+	return o.prefix + "donors/" + o.advertise;
+}
+
+std::string registry_value(const RegistryOptions &o, uint32_t slabs_free)
+{
+	return nlohmann::json{{"addr", o.advertise},
+			      {"boot_id", fmt::format("{:016x}", o.boot_id)},
+			      {"transport", o.transport},
+			      {"slab_size", o.slab_size},
+			      {"slabs_total", o.slabs_total},
+			      {"slabs_free", slabs_free},
+			      {"auth", o.auth}}
+		.dump();
+}
+
+Registry::Registry(RegistryOptions opts, std::function<uint32_t()> slabs_free)
+	: opts_(std::move(opts)), key_(registry_key(opts_)), slabs_free_(std::move(slabs_free)),
+	  client_(etcd::ClientOptions{opts_.endpoints, opts_.timeout,
+				      std::min(opts_.timeout, milliseconds(1000))})
+{
+	thread_ = std::thread([this] { run(); });
+}
+
+Registry::~Registry()
+{
+	stop();
+}
+
+void Registry::stop()
+{
+	{
+		std::lock_guard lock(mu_);
+		if (!stopping_) {
+			stopping_ = true;
+			stop_deadline_ = Clock::now() + opts_.stop_bound;
+			// A request in progress ends at once. Under mu_: the thread clears this
+			// under mu_ before it deregisters, so it cannot cut the deregistration.
+			client_.interrupt();
+		}
+	}
+	cv_.notify_all();
+	if (thread_.joinable())
+		thread_.join();
+}
+
+bool Registry::sleep_until(Clock::time_point until)
+{
+	std::unique_lock lock(mu_);
+	cv_.wait_until(lock, until, [this] { return stopping_; });
+	return stopping_;
+}
+
+void Registry::run()
+{
+	auto log = logger("memserver");
+	const milliseconds backoff_min(250);
+	int64_t lease = 0;      // 0: none granted (or it was lost)
+	bool need_put = true;   // the value in etcd is missing or stale
+	bool registered = false; // our key is (as far as we know) in etcd under `lease`
+	bool outage = false;    // warned about etcd being away; an info when it is back
+	uint32_t published = 0; // slabs_free in the value last put
+	Clock::time_point last_put{}, next_keepalive{};
+	milliseconds backoff = backoff_min;
+	log->info("etcd: registering {} (boot id {:016x}) at {}", key_, opts_.boot_id,
+		  fmt::join(opts_.endpoints, ","));
+	for (;;) {
+		const auto now = Clock::now();
+		const uint32_t free = slabs_free_();
+		const uint32_t diff = free > published ? free - published : published - free;
+		if (registered && diff && uint64_t(diff) * 20 >= opts_.slabs_total &&
+		    now - last_put >= opts_.min_update)
+			need_put = true; // changed by >= 5 % of the total: a hint, not a truth
+		std::string why;
+		if (lease == 0) {
+			if (auto g = client_.lease_grant(opts_.ttl.count())) {
+				lease = g.value->id;
+				need_put = true;
+				next_keepalive = now + opts_.keepalive;
+			} else {
+				why = g.error;
+			}
+		}
+		if (why.empty() && need_put) {
+			auto p = client_.put(key_, registry_value(opts_, free), lease);
+			if (p) {
+				need_put = false;
+				published = free;
+				last_put = now;
+				if (outage || !registered)
+					log->info("etcd: registered {} ({} of {} slabs free)", key_, free,
+						  opts_.slabs_total);
+				registered = true;
+				outage = false;
+				backoff = backoff_min;
+			} else {
+				if (p.code == etcd::kNotFound) { // the lease expired meanwhile
+					lease = 0;
+					registered = false;
+				}
+				why = p.error;
+			}
+		}
+		if (why.empty() && lease && now >= next_keepalive) {
+			auto k = client_.lease_keepalive(lease);
+			if (!k) {
+				why = k.error;
+			} else if (k.value->ttl == 0) {
+				log->info("etcd: lease {:x} of {} lost; registering again", lease, key_);
+				lease = 0;
+				registered = false;
+				need_put = true;
+				continue;
+			} else {
+				next_keepalive = now + opts_.keepalive;
+				if (outage)
+					log->info("etcd: reachable again; {} still registered", key_);
+				outage = false;
+				backoff = backoff_min;
+			}
+		}
+		Clock::time_point next;
+		if (!why.empty()) {
+			{
+				std::lock_guard lock(mu_);
+				if (stopping_) // interrupted by stop(): no outage to report
+					break;
+			}
+			if (!outage)
+				log->warn("etcd: cannot register {} ({}); serving on, retrying every {} "
+					  "ms at most",
+					  key_, why, opts_.backoff_max.count());
+			outage = true;
+			next = Clock::now() + backoff;
+			backoff = std::min(backoff * 2, opts_.backoff_max);
+		} else {
+			next = std::min(next_keepalive, Clock::now() + opts_.poll);
+		}
+		if (sleep_until(next))
+			break;
+	}
+
+	// A clean stop: remove the key now rather than at the lease's expiry.
+	Clock::time_point deadline;
+	{
+		std::lock_guard lock(mu_);
+		deadline = stop_deadline_;
+		client_.clear_interrupt();
+	}
+	if (lease == 0)
+		return;
+	std::string why;
+	if (registered)
+		if (auto d = client_.del(key_, deadline); !d)
+			why = d.error;
+	if (auto r = client_.lease_revoke(lease, deadline); !r && why.empty())
+		why = r.error;
+	if (why.empty())
+		log->info("etcd: deregistered {}", key_);
+	else
+		log->warn("etcd: could not deregister {} ({}); it expires with its lease within {} s",
+			  key_, why, opts_.ttl.count());
+}
+
+} // namespace rdmaswap

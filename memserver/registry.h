@@ -1,0 +1,74 @@
+// SPDX-License-Identifier: MIT
+// --etcd: the memserver's registration in etcd, kept by a background thread of its own (a key
+// under a lease, kept alive; free capacity published as a hint; removed on a clean stop).
+#pragma once
+
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <functional>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "common/etcd.h"
+
+namespace rdmaswap {
+
+struct RegistryOptions {
+	std::vector<std::string> endpoints; // etcd client URLs (etcd::parse_endpoints)
+	std::string prefix = "/rdmaswap/";  // the key is <prefix>donors/<advertise>
+	std::string advertise;              // HOST:PORT that clients dial
+	std::string transport;              // "tcp", "rdma" or "auto": what is served
+	bool auth = true;                   // false: --insecure
+	uint64_t slab_size = 0;
+	uint32_t slabs_total = 0;
+	uint64_t boot_id = 0; // random per start: a new one tells clients the slabs are gone
+	std::chrono::seconds ttl{10};                 // the lease's TTL
+	std::chrono::milliseconds keepalive{3000};    // keepalive period
+	std::chrono::milliseconds poll{500};          // how often free slabs are looked at
+	std::chrono::milliseconds min_update{2000};   // re-puts at most this often
+	std::chrono::milliseconds backoff_max{5000};  // retry period cap while etcd is away
+	std::chrono::milliseconds timeout{2000};      // each etcd request, per endpoint
+	std::chrono::milliseconds stop_bound{2000};   // the deregistration at stop
+};
+
+// A random 64-bit boot id (never 0).
+uint64_t make_boot_id();
+// The key and the JSON value the memserver registers (tests/unit/test_etcd.cpp reads them).
+std::string registry_key(const RegistryOptions &o);
+std::string registry_value(const RegistryOptions &o, uint32_t slabs_free);
+
+class Registry {
+public:
+	// Starts the registry thread. `slabs_free` is called on that thread only (every `poll`);
+	// it must not block on anything the data path holds. Throws only if the etcd client
+	// cannot be made (libcurl).
+	Registry(RegistryOptions opts, std::function<uint32_t()> slabs_free);
+	~Registry(); // stop()
+	Registry(const Registry &) = delete;
+	Registry &operator=(const Registry &) = delete;
+
+	// Stop the thread and, if registered, delete the key and revoke the lease, all within
+	// opts.stop_bound (then it gives up: the lease expires by itself within its TTL).
+	// Idempotent.
+	void stop();
+
+private:
+	void run();
+	// Wait until `until` or stop(); true if stopping.
+	bool sleep_until(std::chrono::steady_clock::time_point until);
+
+	const RegistryOptions opts_;
+	const std::string key_;
+	std::function<uint32_t()> slabs_free_;
+	etcd::Client client_;
+	std::mutex mu_;
+	std::condition_variable cv_;
+	bool stopping_ = false; // under mu_
+	std::chrono::steady_clock::time_point stop_deadline_{}; // under mu_, set by stop()
+	std::thread thread_;
+};
+
+} // namespace rdmaswap
