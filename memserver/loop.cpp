@@ -16,6 +16,7 @@
 #include "common/log.h"
 #include "common/swap_safety.h"
 #include "memserver/conn.h"
+#include "memserver/unchecked.h"
 
 namespace rdmaswap {
 
@@ -451,8 +452,10 @@ bool Memserver::Loop::pump_payload(Conn &c)
 			const size_t avail = c.rx_end - c.rx_begin;
 			if (avail) {
 				const uint32_t n = uint32_t(std::min<size_t>(avail, p.left));
-				if (p.dst)
+				if (p.dst) {
+					UncheckedSlabBytes unchecked;
 					std::memcpy(p.dst + (p.len - p.left), c.rx.get() + c.rx_begin, n);
+				}
 				c.rx_begin += n;
 				p.left -= n;
 				continue;
@@ -464,8 +467,11 @@ bool Memserver::Loop::pump_payload(Conn &c)
 			}
 			if (!c.readable || c.eof)
 				return false;
-			const ssize_t n = ::recv(c.fd.get(), p.dst + (p.len - p.left), p.left,
-						 MSG_DONTWAIT);
+			ssize_t n;
+			{
+				UncheckedSlabBytes unchecked;
+				n = ::recv(c.fd.get(), p.dst + (p.len - p.left), p.left, MSG_DONTWAIT);
+			}
 			if (n > 0) {
 				if (uint32_t(n) < p.left)
 					c.readable = false;
@@ -559,7 +565,11 @@ void Memserver::Loop::flush(Conn &c)
 		msghdr msg{};
 		msg.msg_iov = iov;
 		msg.msg_iovlen = size_t(n);
-		const ssize_t sent = ::sendmsg(c.fd.get(), &msg, MSG_DONTWAIT | MSG_NOSIGNAL);
+		ssize_t sent;
+		{
+			UncheckedSlabBytes unchecked; // READ replies point into slabs
+			sent = ::sendmsg(c.fd.get(), &msg, MSG_DONTWAIT | MSG_NOSIGNAL);
+		}
 		if (sent < 0) {
 			if (errno == EINTR)
 				continue;

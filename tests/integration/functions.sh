@@ -187,7 +187,7 @@ has_auth_arg() {
 # ctl_get PORT KEY: print the value of KEY in `rdmaswapctl status`; fail if it is missing.
 ctl_get() {
     local out val
-    out=$(ctl_status "$1") || fail "rdmaswapctl status server=127.0.0.1:$1 failed"
+    out=$(ctl_status "$1" 2>&1) || fail "rdmaswapctl status server=127.0.0.1:$1 failed:"$'\n'"$out"
     val=$(sed -n "s/^$2=//p" <<<"$out")
     [[ -n $val ]] || fail "rdmaswapctl status has no $2= line:"$'\n'"$out"
     echo "$val"
