@@ -9,7 +9,8 @@
 namespace rdmaswap {
 
 std::string default_volume_name(const std::string &host, uint64_t size,
-				std::span<const Endpoint> servers)
+				std::span<const Endpoint> servers,
+				std::optional<std::string_view> etcd_prefix)
 {
 	std::string h = host.substr(0, 32);
 	for (char &c : h)
@@ -20,6 +21,8 @@ std::string default_volume_name(const std::string &host, uint64_t size,
 	std::vector<std::string> names;
 	for (const auto &ep : servers)
 		names.push_back(ep.str());
+	if (etcd_prefix)
+		names.push_back("etcd:" + std::string(*etcd_prefix));
 	std::sort(names.begin(), names.end());
 	uint64_t fnv = 0xcbf29ce484222325ull;
 	for (size_t i = 0; i < names.size(); i++) {

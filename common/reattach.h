@@ -4,8 +4,10 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <span>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "common/config.h"
@@ -15,9 +17,14 @@ namespace rdmaswap {
 // The default volume id: "<host>-<size>-<hash>", where <host> is the host name (at most 32
 // characters, anything but 0x21-0x7e replaced by '_'), <size> the device size in bytes and
 // <hash> 8 hex digits of FNV-1a over the sorted, comma-joined "host:port" of the servers.
+// With an `etcd_prefix` (the plugin's etcd=), the servers are the server= entries only (not
+// the donors etcd lists, which come and go) and one more item "etcd:<prefix>" is sorted in
+// with them, so the id stays the same whatever etcd lists; without it the id is what it always
+// was (volumes made before etcd= existed reattach after an upgrade).
 // Two devices of one host differ in size or in server list; give them volume= otherwise.
 std::string default_volume_name(const std::string &host, uint64_t size,
-				std::span<const Endpoint> servers);
+				std::span<const Endpoint> servers,
+				std::optional<std::string_view> etcd_prefix = std::nullopt);
 
 // A tagged slab a memserver kept for the volume.
 struct FoundSlab {

@@ -14,6 +14,7 @@
 #include <openssl/crypto.h>
 #include <openssl/evp.h>
 
+#include "common/private_file.h"
 #include "common/protocol.h"
 
 namespace rdmaswap {
@@ -70,37 +71,16 @@ bool create_key_file(const std::string &path)
 	std::array<std::byte, 8> rnd;
 	random_bytes(rnd);
 	const std::string tmp = path + ".tmp-" + hex(rnd);
-	const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW,
-			      0600);
-	if (fd < 0) {
-		OPENSSL_cleanse(text.data(), text.size());
-		throw std::runtime_error("cannot create " + tmp + ": " + std::strerror(errno));
-	}
-	std::string err;
-	size_t done = 0;
-	if (::fchmod(fd, 0600) != 0) // exactly 0600, whatever the umask
-		err = std::string("fchmod: ") + std::strerror(errno);
-	while (err.empty() && done < text.size()) {
-		const ssize_t w = ::write(fd, text.data() + done, text.size() - done);
-		if (w < 0 && errno == EINTR)
-			continue;
-		if (w < 0)
-			err = std::string("write: ") + std::strerror(errno);
-		else
-			done += size_t(w);
-	}
+	std::string err = write_private_file(tmp, std::string_view(text.data(), text.size()));
 	OPENSSL_cleanse(text.data(), text.size());
-	if (err.empty() && ::fsync(fd) != 0)
-		err = std::string("fsync: ") + std::strerror(errno);
-	::close(fd);
 	bool made = false;
 	if (err.empty()) {
 		if (::link(tmp.c_str(), path.c_str()) == 0)
 			made = true;
 		else if (errno != EEXIST)
 			err = "cannot link " + tmp + " to " + path + ": " + std::strerror(errno);
+		::unlink(tmp.c_str()); // (write_private_file removed it if it failed)
 	}
-	::unlink(tmp.c_str());
 	if (!err.empty())
 		throw std::runtime_error("cannot create volume key file " + path + ": " + err);
 	return made;

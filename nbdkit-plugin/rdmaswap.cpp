@@ -26,6 +26,8 @@
 #include "common/config.h"
 #include "common/data_path_base.h"
 #include "common/deadline.h"
+#include "common/discovery.h"
+#include "common/etcd.h"
 #include "common/log.h"
 #include "common/metrics_text.h"
 #include "common/reattach.h"
@@ -70,7 +72,11 @@ public:
 };
 
 struct Config {
-	std::vector<Endpoint> servers;
+	std::vector<Endpoint> servers; // server=
+	std::vector<std::string> etcd; // etcd=: client URLs; empty: no discovery
+	std::string etcd_prefix{discovery::kDefaultPrefix}; // etcd-prefix=
+	bool etcd_prefix_set = false;
+	std::string donor_cache; // donor-cache=; default: discovery::default_cache_path()
 	uint64_t size = 0;
 	TransportKind transport = TransportKind::Auto;
 	unsigned channels = 16;
@@ -86,6 +92,7 @@ struct Config {
 	bool realtime_set = false;
 	int busy_poll = -1; // busy-poll=: 1 on, 0 off, -1 auto (on with >= kBusyPollMinCpus CPUs)
 } g_cfg;
+std::vector<Endpoint> g_servers;   // server= and the donors etcd (or its cache) gave
 std::vector<Endpoint> g_reachable; // servers that answered in get_ready
 std::unique_ptr<rdma::ClientContext> g_rdma;
 std::unique_ptr<Volume> g_volume;
@@ -261,6 +268,24 @@ int rdmaswap_config(const char *key, const char *value)
 			return -1;
 		}
 		g_cfg.servers.push_back(*ep);
+	} else if (k == "etcd") {
+		std::string why;
+		auto eps = etcd::parse_endpoints(value, why);
+		if (!eps) {
+			nbdkit_error("rdmaswap: etcd=%s: %s", value, why.c_str());
+			return -1;
+		}
+		g_cfg.etcd.insert(g_cfg.etcd.end(), eps->begin(), eps->end());
+	} else if (k == "etcd-prefix") {
+		if (!*value) {
+			nbdkit_error("rdmaswap: etcd-prefix= must not be empty");
+			return -1;
+		}
+		g_cfg.etcd_prefix = value;
+		g_cfg.etcd_prefix_set = true;
+	} else if (k == "donor-cache") {
+		if (config_path(key, value, g_cfg.donor_cache) < 0)
+			return -1;
 	} else if (k == "size") {
 		const int64_t s = nbdkit_parse_size(value);
 		if (s < 0)
@@ -365,8 +390,15 @@ int rdmaswap_config(const char *key, const char *value)
 
 int rdmaswap_config_complete()
 {
-	if (g_cfg.servers.empty()) {
-		nbdkit_error("rdmaswap: at least one server=HOST[:PORT] is required");
+	const bool etcd = !g_cfg.etcd.empty();
+	if (g_cfg.servers.empty() && !etcd) {
+		nbdkit_error("rdmaswap: at least one server=HOST[:PORT] or etcd=URL[,URL...] is "
+			     "required");
+		return -1;
+	}
+	if (!etcd && (g_cfg.etcd_prefix_set || !g_cfg.donor_cache.empty())) {
+		nbdkit_error("rdmaswap: %s= needs etcd=URL[,URL...]",
+			     g_cfg.etcd_prefix_set ? "etcd-prefix" : "donor-cache");
 		return -1;
 	}
 	if (g_cfg.size == 0) {
@@ -390,9 +422,10 @@ int rdmaswap_config_complete()
 	if (g_cfg.insecure)
 		nbdkit_error("rdmaswap: warning: insecure=true: memservers are not authenticated "
 			     "and do not authenticate us");
-	if (g_cfg.replicas == 0)
+	// With etcd=, the servers are known only once etcd was asked (get_ready).
+	if (!etcd && g_cfg.replicas == 0)
 		g_cfg.replicas = g_cfg.servers.size() >= 2 ? 2 : 1;
-	if (g_cfg.replicas > g_cfg.servers.size()) {
+	if (!etcd && g_cfg.replicas > g_cfg.servers.size()) {
 		nbdkit_error("rdmaswap: replicas=%u needs at least %u server= entries",
 			     g_cfg.replicas, g_cfg.replicas);
 		return -1;
@@ -401,7 +434,9 @@ int rdmaswap_config_complete()
 		char host[256] = {};
 		if (gethostname(host, sizeof host - 1) != 0)
 			std::strcpy(host, "localhost");
-		g_cfg.volume = default_volume_name(host, g_cfg.size, g_cfg.servers);
+		g_cfg.volume = etcd ? default_volume_name(host, g_cfg.size, g_cfg.servers,
+							  g_cfg.etcd_prefix)
+				    : default_volume_name(host, g_cfg.size, g_cfg.servers);
 	}
 	// The volume key: read (or made) before the fork, once the volume's name is known.
 	try {
@@ -418,21 +453,77 @@ int rdmaswap_config_complete()
 		nbdkit_error("rdmaswap: volume-key=%s: %s", g_cfg.volume_key_path.c_str(), e.what());
 		return -1;
 	}
+	// The donor cache: beside the default volume key (the state directory), whatever
+	// volume-key= says.
+	if (etcd && g_cfg.donor_cache.empty()) {
+		try {
+			g_cfg.donor_cache = discovery::default_cache_path(default_volume_key_path(),
+									  g_cfg.volume);
+		} catch (const std::exception &) {
+			nbdkit_error("rdmaswap: etcd= needs donor-cache=FILE here: no state directory "
+				     "for its default (STATE_DIRECTORY, XDG_STATE_HOME and HOME are "
+				     "unset and we are not root)");
+			return -1;
+		}
+	}
 	nbdkit_debug("rdmaswap: volume=%s lease=%u volume-key=%s (public key %s)",
 		     g_cfg.volume.c_str(), g_cfg.lease, g_cfg.volume_key_path.c_str(),
 		     hex(g_cfg.volume_key->public_key()).c_str());
 	return 0;
 }
 
-// Before nbdkit forks: check that every memserver answers, so that a typo or a dead donor is
-// a clear startup error rather than EIO later. Only plain sockets here: RDMA resources are
-// made after the fork.
-// Before nbdkit forks: check which memservers answer, so that a typo or a dead donor is a
-// clear startup error rather than EIO later. Unreachable donors are tolerated (with a warning)
-// while at least `replicas` answer. Only plain sockets here: RDMA resources come after the fork.
+// With etcd=: g_servers from server=, etcd and the donor cache (discovery::discover), and
+// replicas= checked against them. 0, or -1 after an error message.
+static int discover_donors()
+{
+	discovery::DiscoverOptions o;
+	o.list.endpoints = g_cfg.etcd;
+	o.list.prefix = g_cfg.etcd_prefix;
+	o.list.timeout = g_cfg.timeout;
+	o.servers = g_cfg.servers;
+	o.cache_path = g_cfg.donor_cache;
+	std::string why;
+	auto found = discovery::discover(o, why);
+	if (!found) {
+		nbdkit_error("rdmaswap: %s", why.c_str());
+		return -1;
+	}
+	g_servers = std::move(found->servers);
+	if (g_servers.size() > Volume::kMaxServers) {
+		nbdkit_error("rdmaswap: warning: %zu memservers known, using the first %zu (the "
+			     "server= entries first)",
+			     g_servers.size(), Volume::kMaxServers);
+		g_servers.resize(Volume::kMaxServers);
+	}
+	if (g_cfg.replicas == 0)
+		g_cfg.replicas = g_servers.size() >= 2 ? 2 : 1;
+	if (g_cfg.replicas > g_servers.size()) {
+		nbdkit_error("rdmaswap: replicas=%u needs at least %u memservers, %zu known "
+			     "(server= and etcd)",
+			     g_cfg.replicas, g_cfg.replicas, g_servers.size());
+		return -1;
+	}
+	return 0;
+}
+
+// Before nbdkit forks: find the donors in etcd (etcd=), then check which memservers answer,
+// so that a typo or a dead donor is a clear startup error rather than EIO later. Unreachable
+// donors are tolerated (with a warning) while at least `replicas` answer. Only plain sockets
+// here: RDMA resources come after the fork.
 int rdmaswap_get_ready()
 {
-	for (const auto &ep : g_cfg.servers) {
+	if (g_cfg.etcd.empty()) {
+		g_servers = g_cfg.servers;
+	} else {
+		try {
+			if (discover_donors() < 0)
+				return -1;
+		} catch (const std::exception &e) {
+			nbdkit_error("rdmaswap: etcd: %s", e.what());
+			return -1;
+		}
+	}
+	for (const auto &ep : g_servers) {
 		std::string why;
 		try {
 			ControlClient c(resolve(ep), g_cfg.timeout, g_cfg.auth_key);
@@ -446,12 +537,12 @@ int rdmaswap_get_ready()
 			g_reachable.push_back(ep);
 		else
 			nbdkit_error("rdmaswap: %smemserver %s is not reachable: %s",
-				     g_cfg.servers.size() > 1 ? "warning: " : "", ep.str().c_str(),
+				     g_servers.size() > 1 ? "warning: " : "", ep.str().c_str(),
 				     why.c_str());
 	}
 	if (g_reachable.size() < g_cfg.replicas) {
 		nbdkit_error("rdmaswap: %zu of %zu memservers reachable, replicas=%u needs %u",
-			     g_reachable.size(), g_cfg.servers.size(), g_cfg.replicas,
+			     g_reachable.size(), g_servers.size(), g_cfg.replicas,
 			     g_cfg.replicas);
 		return -1;
 	}
@@ -543,7 +634,7 @@ int rdmaswap_after_fork()
 		if (servers.size() < g_cfg.replicas) {
 			nbdkit_error("rdmaswap: %zu of %zu memservers usable for volume %s, replicas=%u "
 				     "needs %u",
-				     servers.size(), g_cfg.servers.size(), g_cfg.volume.c_str(),
+				     servers.size(), g_servers.size(), g_cfg.volume.c_str(),
 				     g_cfg.replicas, g_cfg.replicas);
 			return -1;
 		}
@@ -552,7 +643,7 @@ int rdmaswap_after_fork()
 		vo.channels = g_cfg.channels;
 		vo.timeout = g_cfg.timeout;
 		vo.replicas = g_cfg.replicas;
-		vo.missing_servers = unsigned(g_cfg.servers.size() - servers.size());
+		vo.missing_servers = unsigned(g_servers.size() - servers.size());
 		g_volume = std::make_unique<Volume>(std::move(servers), vo);
 	} catch (const std::exception &e) {
 		nbdkit_error("rdmaswap: %s", e.what());
@@ -642,7 +733,14 @@ struct nbdkit_plugin make_plugin()
 	p.unload = rdmaswap_unload;
 	p.config = rdmaswap_config;
 	p.config_complete = rdmaswap_config_complete;
-	p.config_help = "server=HOST[:PORT]  (required, repeatable) memserver address\n"
+	p.config_help = "server=HOST[:PORT]  (repeatable) memserver address (server= or etcd=\n"
+			"                    is required)\n"
+			"etcd=URL[,URL...]   find the memservers registered in etcd at start\n"
+			"                    (http://HOST:PORT of its members)\n"
+			"etcd-prefix=PREFIX  etcd key prefix (default /rdmaswap/)\n"
+			"donor-cache=FILE    the donors of the last etcd listing, read when etcd\n"
+			"                    is down (default: STATE/VOLUME.donors beside the\n"
+			"                    default volume key)\n"
 			"size=SIZE           (required) size of the device\n"
 			"transport=tcp|rdma|auto  data path (default auto)\n"
 			"channels=N          data channels (default 16)\n"
@@ -655,7 +753,7 @@ struct nbdkit_plugin make_plugin()
 			"auth-key=FILE       the cluster's shared key (required unless insecure)\n"
 			"insecure=true       memservers run with --insecure (no authentication)\n"
 			"volume=NAME         the volume's id on the memservers (default: derived\n"
-			"                    from host name, size and servers)\n"
+			"                    from host name, size, server= and etcd-prefix=)\n"
 			"volume-key=FILE     this host's secret that owns its volumes (created\n"
 			"                    if missing; default $STATE_DIRECTORY/volume.key,\n"
 			"                    /var/lib/rdmaswap/volume.key as root, else\n"

@@ -1,0 +1,368 @@
+// SPDX-License-Identifier: MIT
+// Donor discovery at start (discovery.h): the registry's entries parsed, merged into server=,
+// and cached in a file.
+#include "common/discovery.h"
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <limits>
+#include <random>
+#include <stdexcept>
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+#include "common/etcd.h"
+#include "common/log.h"
+#include "common/private_file.h"
+
+namespace rdmaswap::discovery {
+
+using nlohmann::json;
+
+namespace {
+
+// HOST:PORT with an explicit port (parse_endpoint without a default port gives port 0).
+std::optional<Endpoint> parse_addr(std::string_view s)
+{
+	auto ep = parse_endpoint(s, 0);
+	if (!ep || ep->port == 0)
+		return std::nullopt;
+	return ep;
+}
+
+// An unsigned integer field of `o` that fits `max`; false if absent or of another type.
+bool get_uint(const json &o, const char *name, uint64_t max, uint64_t &out, std::string &why)
+{
+	const auto it = o.find(name);
+	if (it == o.end()) {
+		why = fmt::format("no \"{}\"", name);
+		return false;
+	}
+	if (!it->is_number_unsigned() || it->get<uint64_t>() > max) {
+		why = fmt::format("\"{}\" is not an integer 0..{}", name, max);
+		return false;
+	}
+	out = it->get<uint64_t>();
+	return true;
+}
+
+const std::string *get_string(const json &o, const char *name, std::string &why)
+{
+	const auto it = o.find(name);
+	if (it == o.end() || !it->is_string()) {
+		why = it == o.end() ? fmt::format("no \"{}\"", name)
+				    : fmt::format("\"{}\" is not a string", name);
+		return nullptr;
+	}
+	return it->get_ptr<const std::string *>();
+}
+
+// `s` with every byte outside 0x20..0x7e written \xNN and `"` and `\` escaped (etcd keys are
+// bytes; a log line must stay one line of text).
+std::string printable(std::string_view s)
+{
+	std::string out;
+	for (unsigned char c : s) {
+		if (c < 0x20 || c > 0x7e || c == '\\' || c == '"')
+			out += fmt::format("\\x{:02x}", c);
+		else
+			out += char(c);
+	}
+	return out;
+}
+
+} // namespace
+
+std::string donors_prefix(std::string_view prefix)
+{
+	return std::string(prefix) + "donors/";
+}
+
+std::optional<Donor> parse_donor(std::string_view prefix, std::string_view key,
+				 std::string_view value, std::string &why)
+{
+	const json o = json::parse(value, nullptr, false);
+	if (o.is_discarded() || !o.is_object()) {
+		why = "the value is not a JSON object";
+		return std::nullopt;
+	}
+	Donor d;
+	const std::string *addr = get_string(o, "addr", why);
+	if (!addr)
+		return std::nullopt;
+	auto ep = parse_addr(*addr);
+	if (!ep) {
+		why = fmt::format("\"addr\" {} is not HOST:PORT", json(*addr).dump());
+		return std::nullopt;
+	}
+	d.addr = *ep;
+	if (key != donors_prefix(prefix) + *addr) {
+		why = fmt::format("the key does not end in its \"addr\" {}", *addr);
+		return std::nullopt;
+	}
+	const std::string *boot = get_string(o, "boot_id", why);
+	if (!boot)
+		return std::nullopt;
+	if (boot->size() != 16 ||
+	    !std::all_of(boot->begin(), boot->end(),
+			 [](char c) { return (c >= '0' && c <= '9') || (c >= 'a' && c <= 'f'); }) ||
+	    (d.boot_id = std::stoull(*boot, nullptr, 16)) == 0) {
+		why = "\"boot_id\" is not 16 lower-case hex digits (and not 0)";
+		return std::nullopt;
+	}
+	const std::string *transport = get_string(o, "transport", why);
+	if (!transport)
+		return std::nullopt;
+	if (!parse_transport(*transport)) {
+		why = fmt::format("\"transport\" {} is not tcp, rdma or auto",
+				  json(*transport).dump());
+		return std::nullopt;
+	}
+	d.transport = *transport;
+	uint64_t total = 0, free = 0;
+	constexpr uint64_t u32 = std::numeric_limits<uint32_t>::max();
+	if (!get_uint(o, "slab_size", std::numeric_limits<uint64_t>::max(), d.slab_size, why) ||
+	    !get_uint(o, "slabs_total", u32, total, why) || !get_uint(o, "slabs_free", u32, free, why))
+		return std::nullopt;
+	if (free > total) {
+		why = fmt::format("\"slabs_free\" {} exceeds \"slabs_total\" {}", free, total);
+		return std::nullopt;
+	}
+	d.slabs_total = uint32_t(total);
+	d.slabs_free = uint32_t(free);
+	const auto auth = o.find("auth");
+	if (auth == o.end() || !auth->is_boolean()) {
+		why = auth == o.end() ? "no \"auth\"" : "\"auth\" is not a boolean";
+		return std::nullopt;
+	}
+	d.auth = auth->get<bool>();
+	return d;
+}
+
+std::vector<Endpoint> merge(std::span<const Endpoint> servers, std::span<const Endpoint> donors)
+{
+	std::vector<Endpoint> out(servers.begin(), servers.end());
+	for (const auto &d : donors) {
+		const bool named = std::any_of(out.begin(), out.end(), [&](const Endpoint &e) {
+			return e.host == d.host && e.port == d.port;
+		});
+		if (!named)
+			out.push_back(d);
+	}
+	return out;
+}
+
+std::string cache_text(std::string_view prefix, std::span<const Endpoint> donors)
+{
+	json list = json::array();
+	for (const auto &d : donors)
+		list.push_back(d.str());
+	return json{{"version", 1}, {"prefix", prefix}, {"donors", list}}.dump() + "\n";
+}
+
+std::optional<std::vector<Endpoint>> parse_cache(std::string_view text, std::string_view prefix,
+						 std::string &why)
+{
+	const json o = json::parse(text, nullptr, false);
+	if (o.is_discarded() || !o.is_object()) {
+		why = "not a JSON object";
+		return std::nullopt;
+	}
+	const auto version = o.find("version");
+	if (version == o.end() || !version->is_number_unsigned() || version->get<uint64_t>() != 1) {
+		why = "not version 1";
+		return std::nullopt;
+	}
+	const std::string *p = get_string(o, "prefix", why);
+	if (!p)
+		return std::nullopt;
+	if (*p != prefix) {
+		why = fmt::format("written for etcd-prefix={}, not {}", *p, prefix);
+		return std::nullopt;
+	}
+	const auto list = o.find("donors");
+	if (list == o.end() || !list->is_array()) {
+		why = "no \"donors\" list";
+		return std::nullopt;
+	}
+	std::vector<Endpoint> out;
+	for (const auto &e : *list) {
+		std::optional<Endpoint> ep;
+		if (e.is_string())
+			ep = parse_addr(e.get<std::string>());
+		if (!ep) {
+			why = fmt::format("donor {} is not HOST:PORT", e.dump());
+			return std::nullopt;
+		}
+		out.push_back(*ep);
+	}
+	return out;
+}
+
+void write_cache(const std::string &path, std::string_view prefix, std::span<const Endpoint> donors)
+{
+	const std::string text = cache_text(prefix, donors);
+	std::random_device rd;
+	const std::string tmp = fmt::format("{}.tmp-{}-{:08x}", path, ::getpid(), rd());
+	std::string err = write_private_file(tmp, text);
+	if (err.empty() && ::rename(tmp.c_str(), path.c_str()) != 0) {
+		err = std::string("rename: ") + std::strerror(errno);
+		::unlink(tmp.c_str());
+	}
+	if (!err.empty()) {
+		throw std::runtime_error(
+			fmt::format("cannot write the donor cache {}: {}", path, err));
+	}
+}
+
+std::optional<std::vector<Endpoint>> read_cache(const std::string &path, std::string_view prefix)
+{
+	const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK);
+	if (fd < 0 && errno == ENOENT)
+		return std::nullopt;
+	auto failed = [&](const std::string &why) {
+		return std::runtime_error(fmt::format("donor cache {}: {}", path, why));
+	};
+	if (fd < 0)
+		throw failed(std::strerror(errno));
+	struct Closer {
+		int fd;
+		~Closer() { ::close(fd); }
+	} closer{fd};
+	struct stat st {};
+	if (::fstat(fd, &st) != 0)
+		throw failed(std::string("fstat: ") + std::strerror(errno));
+	constexpr off_t kMax = 1 << 20;
+	if (!S_ISREG(st.st_mode))
+		throw failed("not a regular file");
+	if (st.st_size > kMax)
+		throw failed("larger than 1 MiB");
+	std::string text(size_t(st.st_size), '\0');
+	size_t done = 0;
+	while (done < text.size()) {
+		const ssize_t r = ::read(fd, text.data() + done, text.size() - done);
+		if (r < 0 && errno == EINTR)
+			continue;
+		if (r < 0)
+			throw failed(std::string("read: ") + std::strerror(errno));
+		if (r == 0)
+			break;
+		done += size_t(r);
+	}
+	text.resize(done);
+	std::string why;
+	auto donors = parse_cache(text, prefix, why);
+	if (!donors)
+		throw failed(why);
+	return donors;
+}
+
+std::string default_cache_path(std::string_view default_key_path, std::string_view volume)
+{
+	const size_t slash = default_key_path.rfind('/');
+	std::string out = slash == std::string_view::npos
+				  ? std::string()
+				  : std::string(default_key_path.substr(0, slash + 1));
+	for (unsigned char c : volume) {
+		const bool plain = (c >= 'A' && c <= 'Z') || (c >= 'a' && c <= 'z') ||
+				   (c >= '0' && c <= '9') || c == '.' || c == '_' || c == '-';
+		if (plain)
+			out += char(c);
+		else
+			out += fmt::format("%{:02X}", c);
+	}
+	return out + ".donors";
+}
+
+std::optional<Listing> list_donors(const ListOptions &opts, std::string &why)
+{
+	using namespace std::chrono;
+	const auto deadline = steady_clock::now() + opts.timeout;
+	try {
+		etcd::Client client({opts.endpoints, std::min(opts.timeout, milliseconds(2000)),
+				     std::min(opts.timeout, milliseconds(1000))});
+		const std::string dir = donors_prefix(opts.prefix);
+		auto r = client.get_prefix(dir, deadline);
+		if (!r) {
+			why = r.error;
+			return std::nullopt;
+		}
+		Listing out;
+		for (const auto &kv : *r.value) {
+			std::string bad;
+			if (auto d = parse_donor(opts.prefix, kv.key, kv.value, bad))
+				out.donors.push_back(std::move(*d));
+			else
+				out.skipped.push_back(printable(kv.key) + ": " + bad);
+		}
+		return out;
+	} catch (const std::exception &e) {
+		why = e.what();
+		return std::nullopt;
+	}
+}
+
+std::optional<Discovered> discover(const DiscoverOptions &opts, std::string &error)
+{
+	const auto &log = logger("discovery");
+	const std::string where = donors_prefix(opts.list.prefix);
+	Discovered out;
+	std::string why;
+	if (auto listing = list_donors(opts.list, why)) {
+		for (const auto &s : listing->skipped)
+			log->warn("etcd: skipped the donor entry {}", s);
+		for (const auto &d : listing->donors)
+			out.donors.push_back(d.addr);
+		log->info("etcd gave {} donor(s) under {}", out.donors.size(), where);
+		if (out.donors.empty()) {
+			log->warn("etcd lists no donors under {}", where);
+		} else {
+			try {
+				write_cache(opts.cache_path, opts.list.prefix, out.donors);
+			} catch (const std::exception &e) {
+				log->warn("{} (a start with etcd down will not find these donors)",
+					  e.what());
+			}
+		}
+	} else {
+		std::optional<std::vector<Endpoint>> cached;
+		std::string cache_why = "there is none";
+		try {
+			cached = read_cache(opts.cache_path, opts.list.prefix);
+		} catch (const std::exception &e) {
+			cache_why = e.what();
+		}
+		if (cached) {
+			log->warn("etcd is not reachable ({}): using the {} donor(s) of the cache {}",
+				  why, cached->size(), opts.cache_path);
+			out.source = Discovered::Source::Cache;
+			out.donors = std::move(*cached);
+		} else if (opts.servers.empty()) {
+			error = fmt::format("etcd is not reachable ({}) and there is no usable donor "
+					    "cache ({}: {}), and no server= is given: no memserver to use",
+					    why, opts.cache_path, cache_why);
+			return std::nullopt;
+		} else {
+			log->warn("etcd is not reachable ({}) and there is no usable donor cache ({}: "
+				  "{}): using the server= entries only",
+				  why, opts.cache_path, cache_why);
+			out.source = Discovered::Source::ServersOnly;
+		}
+	}
+	out.servers = merge(opts.servers, out.donors);
+	if (out.servers.empty()) {
+		error = fmt::format("etcd lists no donors under {} and no server= is given: no "
+				    "memserver to use",
+				    where);
+		return std::nullopt;
+	}
+	return out;
+}
+
+} // namespace rdmaswap::discovery

@@ -1,0 +1,126 @@
+// SPDX-License-Identifier: MIT
+// The plugin's donor discovery at start (etcd=): the donors registered in etcd
+// (memserver/registry.h writes them), merged into the server= list, and a local cache of the
+// last listing so that a restart works with etcd down. Control path only, before nbdkit forks.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <optional>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "common/config.h"
+
+namespace rdmaswap::discovery {
+
+inline constexpr std::string_view kDefaultPrefix = "/rdmaswap/";
+
+// One registered donor: the key `<prefix>donors/<addr>` and its JSON value
+// {"addr","boot_id","transport","slab_size","slabs_total","slabs_free","auth"}. Only `addr` is
+// used now; the rest are hints (etcd is discovery only: a donor still proves itself with the
+// cluster key when the plugin connects).
+struct Donor {
+	Endpoint addr;
+	uint64_t boot_id = 0;
+	std::string transport; // "tcp", "rdma" or "auto"
+	uint64_t slab_size = 0;
+	uint32_t slabs_total = 0, slabs_free = 0;
+	bool auth = true;
+};
+
+// The key prefix under which donors register: `prefix` + "donors/".
+std::string donors_prefix(std::string_view prefix);
+
+// Parse the entry `key` = `value` listed under donors_prefix(`prefix`). nullopt, with `why`
+// set, if the value is not a JSON object with every field above of the right type (addr a
+// HOST:PORT with an explicit port 1..65535, boot_id 16 hex digits and not 0, transport one of
+// the three names, the counts non-negative integers that fit, slabs_free <= slabs_total, auth a
+// boolean), or if `key` is not donors_prefix(prefix) + addr exactly. Unknown fields are ignored.
+std::optional<Donor> parse_donor(std::string_view prefix, std::string_view key,
+				 std::string_view value, std::string &why);
+
+// The servers to use: `servers` (server=, in their order), then each of `donors` that no
+// earlier entry names (same host string and port), in their order. Never reorders or drops a
+// server= entry.
+std::vector<Endpoint> merge(std::span<const Endpoint> servers, std::span<const Endpoint> donors);
+
+// ---- The cache file ----
+// JSON: {"version":1,"prefix":"/rdmaswap/","donors":["HOST:PORT",...]}: the donors of the last
+// listing that gave at least one (not the server= entries).
+
+std::string cache_text(std::string_view prefix, std::span<const Endpoint> donors);
+// nullopt, with `why` set, if `text` is not such a document (version other than 1, an entry
+// that is not a HOST:PORT with a port, a prefix other than `prefix`).
+std::optional<std::vector<Endpoint>> parse_cache(std::string_view text, std::string_view prefix,
+						 std::string &why);
+
+// Write the cache to `path` whole: a temporary file in the same directory (mode 0600, fsync'd)
+// renamed over `path`, so a reader never sees half a file. The directory must exist. Throws
+// std::runtime_error naming the path and what failed (the temporary file is removed).
+void write_cache(const std::string &path, std::string_view prefix,
+		 std::span<const Endpoint> donors);
+// The cached donors, or nullopt if `path` does not exist. Throws std::runtime_error naming the
+// path if it cannot be read (not a regular file, larger than 1 MiB, an I/O error) or
+// parse_cache refuses it.
+std::optional<std::vector<Endpoint>> read_cache(const std::string &path, std::string_view prefix);
+
+// Where the cache of `volume` lives when donor-cache= is not given: `<dir>/<volume>.donors`,
+// where <dir> is the directory of `default_key_path` (the plugin passes
+// default_volume_key_path(), common/volume_key.h: systemd's StateDirectory=, /var/lib/rdmaswap
+// for root, else the XDG state directory), and every byte of the volume name other than
+// [A-Za-z0-9._-] is written %XX (so "a/b" gives "a%2Fb.donors").
+std::string default_cache_path(std::string_view default_key_path, std::string_view volume);
+
+// ---- The listing ----
+
+struct ListOptions {
+	std::vector<std::string> endpoints; // etcd::parse_endpoints
+	std::string prefix{kDefaultPrefix};
+	// The whole listing ends within `timeout` (timeout= of the plugin); each attempt on one
+	// endpoint within min(timeout, 2 s) (connect: min(timeout, 1 s)), so a dead first member
+	// leaves time for the others.
+	std::chrono::milliseconds timeout{10000};
+};
+
+struct Listing {
+	std::vector<Donor> donors; // the valid entries, in key order
+	// One line per skipped entry: "<key>: <why>" (the caller logs them as warnings).
+	std::vector<std::string> skipped;
+};
+
+// List donors_prefix(prefix) in etcd. nullopt, with `why` set, if no endpoint answered within
+// the bound (or etcd answered with an error). Never throws (a libcurl that cannot be
+// initialised is a failure like any other).
+std::optional<Listing> list_donors(const ListOptions &opts, std::string &why);
+
+// ---- Discovery at start: the listing, the cache, server= ----
+
+struct DiscoverOptions {
+	ListOptions list;
+	std::vector<Endpoint> servers; // server= (may be empty)
+	std::string cache_path;        // the donor cache (donor-cache= or default_cache_path)
+};
+
+// What discover() decided. `servers` = merge(server=, donors), never empty.
+struct Discovered {
+	enum class Source { Etcd, Cache, ServersOnly } source = Source::Etcd;
+	std::vector<Endpoint> donors; // what etcd (or the cache) gave
+	std::vector<Endpoint> servers;
+};
+
+// The servers of a plugin started with etcd=, logged through logger("discovery"):
+// - etcd answers: its valid donors (a warning for each skipped entry, an info line with how
+//   many), written to the cache when there is at least one (a cache that cannot be written is
+//   a warning: the listing stands); none is a warning.
+// - etcd does not answer within opts.list.timeout (every member down, or no quorum): the
+//   donors of the cache, with a warning saying so; with no usable cache (missing, damaged,
+//   another prefix) the server= entries alone, with a warning.
+// nullopt, with `error` set to a message naming the cause, when that leaves no server at all
+// (etcd lists none and server= is empty; etcd unreachable, no usable cache, no server=).
+// Never throws but std::bad_alloc.
+std::optional<Discovered> discover(const DiscoverOptions &opts, std::string &error);
+
+} // namespace rdmaswap::discovery
