@@ -51,7 +51,10 @@ public:
 		AnnotateIgnoreReadsEnd(__FILE__, __LINE__);
 	}
 #else
-	UncheckedSlabBytes() = default;
+	// User-provided (not `= default`), so that a scope's otherwise unused guard is no
+	// unused-variable warning in other builds.
+	UncheckedSlabBytes() {}
+	~UncheckedSlabBytes() {}
 #endif
 	UncheckedSlabBytes(const UncheckedSlabBytes &) = delete;
 	UncheckedSlabBytes &operator=(const UncheckedSlabBytes &) = delete;
