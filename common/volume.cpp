@@ -25,14 +25,25 @@ thread_local unsigned t_thread_index = g_next_thread.fetch_add(1);
 } // namespace
 
 Volume::Volume(std::vector<std::unique_ptr<Server>> servers, const VolumeOptions &opts)
-	: servers_(std::move(servers)), size_(opts.size), buffer_size_(opts.buffer_size),
-	  timeout_(opts.timeout), repair_interval_(opts.repair_interval),
-	  down_cooldown_(opts.down_cooldown), rng_(std::random_device{}())
+	: size_(opts.size), buffer_size_(opts.buffer_size), timeout_(opts.timeout),
+	  repair_interval_(opts.repair_interval), down_cooldown_(opts.down_cooldown),
+	  rng_(std::random_device{}())
 {
-	if (servers_.empty())
+	if (servers.empty())
 		throw std::runtime_error("a volume needs at least one memserver");
-	if (servers_.size() > kMaxServers)
+	if (opts.max_servers == 0 || opts.max_servers > kMaxServers)
 		throw std::runtime_error("at most " + std::to_string(kMaxServers) + " memservers");
+	if (servers.size() > opts.max_servers)
+		throw std::runtime_error("at most " + std::to_string(opts.max_servers) +
+					 " memservers");
+	max_servers_ = opts.max_servers;
+	servers_ = std::make_unique<std::unique_ptr<Server>[]>(max_servers_);
+	const size_t nstart = servers.size();
+	for (size_t i = 0; i < nstart; i++)
+		servers_[i] = std::move(servers[i]);
+	// Published at once: nothing else runs yet (the threads start at the end).
+	nservers_.store(nstart, std::memory_order_release);
+	const std::span<const std::unique_ptr<Server>> start(servers_.get(), nstart);
 	if (size_ == 0)
 		throw std::runtime_error("volume size must be greater than 0");
 	if (opts.channels == 0 || opts.channels > 1024)
@@ -40,28 +51,22 @@ Volume::Volume(std::vector<std::unique_ptr<Server>> servers, const VolumeOptions
 	if (opts.replicas == 0 || opts.replicas > kMaxReplicas)
 		throw std::runtime_error("replicas must be between 1 and " +
 					 std::to_string(kMaxReplicas));
-	if (opts.replicas > servers_.size())
+	if (opts.replicas > nstart)
 		throw std::runtime_error("replicas=" + std::to_string(opts.replicas) + " needs at least " +
 					 std::to_string(opts.replicas) + " reachable memservers, have " +
-					 std::to_string(servers_.size()));
+					 std::to_string(nstart));
 	replicas_ = opts.replicas;
 	slab_size_ = servers_[0]->info().slab_size;
 	if (slab_size_ < 4096 || (slab_size_ & (slab_size_ - 1)) != 0)
 		throw std::runtime_error("memserver " + servers_[0]->name() +
 					 " reports a slab size that is not a power of two >= 4096");
-	for (auto &s : servers_) {
-		if (s->info().slab_size != slab_size_)
-			throw std::runtime_error("memservers " + servers_[0]->name() + " and " +
-						 s->name() + " use different slab sizes");
-		if (s->info().max_io < buffer_size_)
-			throw std::runtime_error("memserver " + s->name() +
-						 " accepts smaller I/O than the channel buffer");
-	}
+	for (auto &s : start)
+		check_fits(*s);
 	if (buffer_size_ == 0 || buffer_size_ % 4096 != 0 || buffer_size_ > proto::kMaxIo)
 		throw std::runtime_error("channel buffer size must be a multiple of 4096 up to 1 MiB");
 	nslabs_ = (size_ + slab_size_ - 1) / slab_size_;
 	uint64_t capacity = 0;
-	for (auto &s : servers_)
+	for (auto &s : start)
 		capacity += uint64_t(s->info().slabs_total) * slab_size_;
 	if (capacity < size_ * replicas_)
 		logger("volume")->warn("volume of {} bytes x {} replicas is larger than the "
@@ -69,7 +74,8 @@ Volume::Volume(std::vector<std::unique_ptr<Server>> servers, const VolumeOptions
 				       "with ENOSPC when it is full",
 				       size_, replicas_, capacity);
 	slabs_ = std::make_unique<Slab[]>(nslabs_);
-	sstate_ = std::make_unique<ServerState[]>(servers_.size());
+	sstate_ = std::make_unique<ServerState[]>(max_servers_);
+	place_loads_ = std::make_unique<DonorLoad[]>(max_servers_);
 
 	// The maintenance thread's channel holds two copy windows (one being read from the source
 	// while the other is written to the destination).
@@ -95,8 +101,9 @@ Volume::Volume(std::vector<std::unique_ptr<Server>> servers, const VolumeOptions
 		for (unsigned i = 0; i <= nch; i++) {
 			auto ch = std::make_unique<Channel>();
 			ch->buf = region_ + size_t(i) * buffer_size_;
-			for (auto &s : servers_)
-				ch->paths.push_back(s->open_data_path(region));
+			ch->paths = std::make_unique<std::unique_ptr<DataPath>[]>(max_servers_);
+			for (size_t k = 0; k < nstart; k++)
+				ch->paths[k] = start[k]->open_data_path(region);
 			if (i < nch)
 				channels_.push_back(std::move(ch));
 			else
@@ -109,7 +116,7 @@ Volume::Volume(std::vector<std::unique_ptr<Server>> servers, const VolumeOptions
 		throw;
 	}
 	tagged_ = true;
-	for (auto &srv : servers_)
+	for (auto &srv : start)
 		tagged_ = tagged_ && srv->bound();
 	if (tagged_) {
 		try {
@@ -121,7 +128,7 @@ Volume::Volume(std::vector<std::unique_ptr<Server>> servers, const VolumeOptions
 			throw;
 		}
 	}
-	wanted_.resize(servers_.size());
+	wanted_.resize(max_servers_);
 	repair_thread_ = std::thread([this] { repair_loop(); });
 	poll_thread_ = std::thread([this] { poll_loop(); });
 }
@@ -133,7 +140,8 @@ void Volume::recover(unsigned missing)
 	std::vector<FoundFloor> floors;
 	unsigned reattached = 0;
 	const unsigned unreachable = missing;
-	for (size_t i = 0; i < servers_.size(); i++) {
+	const size_t nserv = servers();
+	for (size_t i = 0; i < nserv; i++) {
 		if (!servers_[i]->reattached()) {
 			missing++;
 			continue;
@@ -190,7 +198,7 @@ void Volume::recover(unsigned missing)
 	reattach_stale_.store(plan.stale);
 	log->info("reattached: {} chunks with data ({} degraded, repaired in the background) from "
 		  "{} of {} memservers; {} stale and {} incomplete replicas given back",
-		  plan.chunks.size(), degraded, reattached, servers_.size() + unreachable,
+		  plan.chunks.size(), degraded, reattached, nserv + unreachable,
 		  plan.stale, plan.incomplete);
 	if (plan.out_of_range)
 		log->warn("reattach: {} slabs lie beyond the volume's size (was it smaller before?): "
@@ -206,6 +214,74 @@ void Volume::recover(unsigned missing)
 			   plan.lost.empty() ? "" : "their newest replicas are gone");
 	if (degraded)
 		kick_repair();
+}
+
+void Volume::check_fits(const Server &s) const
+{
+	if (s.info().slab_size != slab_size_)
+		throw std::runtime_error("memservers " + servers_[0]->name() + " and " + s.name() +
+					 " use different slab sizes");
+	if (s.info().max_io < buffer_size_)
+		throw std::runtime_error("memserver " + s.name() +
+					 " accepts smaller I/O than the channel buffer");
+}
+
+size_t Volume::add_server(std::unique_ptr<Server> server)
+{
+	std::lock_guard add(add_mu_);
+	const size_t i = nservers_.load(std::memory_order_relaxed);
+	if (i >= max_servers_)
+		throw std::runtime_error("memserver " + server->name() + " not added: the volume has " +
+					 std::to_string(max_servers_) + " donors already");
+	check_fits(*server);
+	if (server->bound() != tagged_)
+		throw std::runtime_error("memserver " + server->name() +
+					 (tagged_ ? " is not bound to the volume" : " is bound to a volume"));
+	if (server->reattached())
+		throw std::runtime_error(
+			"memserver " + server->name() +
+			" kept slabs of this volume from an earlier run: they are taken over only when "
+			"nbdkit starts (restart it to use them); not used meanwhile");
+	// The paths first (network waits, no lock of the data path held), then the server
+	// becomes visible. A channel's slot for `i` is read only by whoever learnt `i` after the
+	// release store below.
+	std::span<std::byte> region(region_, region_len_);
+	std::vector<std::unique_ptr<DataPath>> paths;
+	paths.reserve(channels_.size() + 1);
+	for (size_t k = 0; k <= channels_.size(); k++)
+		paths.push_back(server->open_data_path(region));
+	for (size_t k = 0; k < channels_.size(); k++)
+		channels_[k]->paths[i] = std::move(paths[k]);
+	maint_ch_->paths[i] = std::move(paths.back());
+	sstate_[i].gen.store(0);
+	sstate_[i].down_until.store(0);
+	sstate_[i].used.store(0);
+	sstate_[i].placing.store(0);
+	sstate_[i].retired.store(false);
+	servers_[i] = std::move(server);
+	nservers_.store(i + 1, std::memory_order_release);
+	logger("volume")->info("memserver {} added: {} donors now", servers_[i]->name(), i + 1);
+	kick_repair(); // degraded slabs may have a place now
+	return i;
+}
+
+void Volume::set_retired(size_t i, bool retired)
+{
+	if (i >= servers() || sstate_[i].retired.exchange(retired) == retired)
+		return;
+	logger("volume")->info("memserver {} {}", servers_[i]->name(),
+			       retired ? "retired: it gets no new slabs; its replicas serve on"
+				       : "no longer retired: it may get new slabs");
+}
+
+void Volume::donor_restarted(size_t i)
+{
+	if (i >= servers())
+		return;
+	sstate_[i].retired.store(true);
+	logger("volume")->warn("memserver {} restarted (a new boot id): the slabs it held are gone",
+			       servers_[i]->name());
+	invalidate(uint16_t(i));
 }
 
 Volume::~Volume()

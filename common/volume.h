@@ -43,6 +43,7 @@
 #include <vector>
 
 #include "common/metrics_text.h"
+#include "common/placement.h"
 #include "common/slab_lock.h"
 #include "common/transport.h"
 
@@ -69,6 +70,10 @@ struct VolumeOptions {
 	// Servers of the volume that are not among `servers` (unreachable at start). Reattach
 	// counts them as missing (reattach.h).
 	unsigned missing_servers = 0;
+	// Donors the volume can ever use, those at start and those added later (add_server()):
+	// every per-donor table (states, each channel's data paths) is allocated for this many
+	// at construction, so that the data path never allocates. 1..kMaxServers.
+	unsigned max_servers = 4096;
 };
 
 struct VolumeStats {
@@ -110,7 +115,9 @@ struct VolumeReport {
 	uint64_t lock_timeouts = 0; // no channel or slab lock within the bound (then EIO)
 	struct Donor {
 		std::string name;   // host:port
-		const char *state;  // "ok", "failed" (cooling down), "lost" (session gone)
+		// "ok", "failed" (cooling down), "lost" (session gone), "retired" (no new slabs:
+		// its registration vanished, add_server's caller said so)
+		const char *state;
 		uint32_t slabs = 0; // slabs of this volume there
 		uint32_t generation = 0;
 		uint64_t free_on_donor = 0;
@@ -120,7 +127,7 @@ struct VolumeReport {
 
 class Volume {
 public:
-	static constexpr size_t kMaxServers = 64;
+	static constexpr size_t kMaxServers = 4096;
 	static constexpr unsigned kMaxReplicas = 3;
 
 	// Takes ownership of connected servers (at least one; all must report the same slab size)
@@ -157,6 +164,27 @@ public:
 	VolumeReport report() const;
 	// Wake the repair thread now (tests; also called on every donor failure).
 	void kick_repair();
+
+	// ---- Donors added and retired while the volume serves (control path) ----
+	// Add a connected server (same slab size, max_io >= the channel buffer, bound to the
+	// volume iff the others are, and not holding slabs kept for the volume from an earlier
+	// run: those are taken over only at start). Opens a data path to it on every channel
+	// (network waits; no lock the data path needs is held), then publishes it: from then on
+	// placement may choose it. Returns its index (stable for the volume's life). Throws
+	// std::runtime_error, naming the server and why, if it does not fit or the paths fail,
+	// or when max_servers donors were added already. Calls are serialised.
+	size_t add_server(std::unique_ptr<Server> server);
+	// Donors known so far (indices 0..servers()-1; never decreases).
+	size_t servers() const { return nservers_.load(std::memory_order_acquire); }
+	const Server &server(size_t i) const { return *servers_[i]; }
+	// A retired donor gets no new slabs (placement, repair and moves skip it); the replicas
+	// it holds stay valid and keep serving until its data path fails. Used when its
+	// registration vanished (losing the registry is not losing the donor).
+	void set_retired(size_t i, bool retired);
+	bool retired(size_t i) const { return sstate_[i].retired.load(); }
+	// The donor's slabs are gone (a new boot id): none of its replicas is read again, and
+	// repair starts at once. It also gets no new slabs (retired).
+	void donor_restarted(size_t i);
 
 private:
 	using Clock = std::chrono::steady_clock;
@@ -207,11 +235,15 @@ private:
 		// ALLOCs chosen for it and not yet answered: placement counts them as load, so
 		// threads placing at once do not all pick the donor that looked emptiest.
 		std::atomic<uint32_t> placing{0};
+		std::atomic<bool> retired{false}; // set_retired(): no new slabs
 	};
 	struct Channel {
 		TimedMutex mu;
 		std::byte *buf = nullptr;
-		std::vector<std::unique_ptr<DataPath>> paths; // one per server
+		// One per server, max_servers of them (null until the server is added); a path is
+		// set before the server is published (nservers_), so whoever got the server's index
+		// from a replica or from placement finds its path.
+		std::unique_ptr<std::unique_ptr<DataPath>[]> paths;
 		// Requests served and bytes moved (written under `mu`, read by report()).
 		SoloCounter reads, writes, read_bytes, write_bytes;
 		// Latencies, by whichever thread has this as its usual channel (the request may
@@ -289,9 +321,9 @@ private:
 	// True if the server confirmed it took the slab back (or the session is gone with it).
 	// Never called with a slab lock held.
 	bool release_replica(const Replica &r);
-	// Record `epoch` as the floor of `slab` on every healthy donor not in `skip` (bit per
-	// server). Best effort; a donor that fails is marked down (not asked again meanwhile).
-	void record_floor(uint64_t slab, uint64_t epoch, uint64_t skip);
+	// Record `epoch` as the floor of `slab` on every healthy donor not in `skip`. Best
+	// effort; a donor that fails is marked down (not asked again meanwhile).
+	void record_floor(uint64_t slab, uint64_t epoch, std::span<const uint16_t> skip);
 	// Read [at, at+len) into the channel buffer. 0 or EIO.
 	int read_chunk(Channel &ch, uint64_t at, uint32_t len);
 	// Write the channel buffer's first `len` bytes to [at, at+len). 0, EIO, or EAGAIN when a
@@ -345,7 +377,12 @@ private:
 	// Restore the replica count of one slab. Returns true if it changed anything.
 	bool repair(uint64_t slab, Channel &ch);
 
-	std::vector<std::unique_ptr<Server>> servers_;
+	// max_servers_ slots; the first nservers_ are set (add_server() fills one, then
+	// publishes it with a release store).
+	std::unique_ptr<std::unique_ptr<Server>[]> servers_;
+	std::atomic<size_t> nservers_{0};
+	size_t max_servers_ = 0;
+	std::mutex add_mu_; // add_server() calls, one at a time
 	std::unique_ptr<ServerState[]> sstate_;
 	const uint64_t size_;
 	uint64_t slab_size_ = 0;
@@ -363,6 +400,9 @@ private:
 	CloneJob clone_job_;                             // one copy at a time (maintenance thread)
 	std::mutex place_mu_;  // placement (rng, load snapshot): allocation path only
 	std::minstd_rand rng_;
+	std::unique_ptr<DonorLoad[]> place_loads_; // max_servers_, under place_mu_
+	// Throws std::runtime_error unless `s` can serve this volume (slab size, max_io).
+	void check_fits(const Server &s) const;
 
 	bool tagged_ = false; // every server is bound to the volume
 	std::atomic<uint64_t> repaired_{0}, repair_bytes_{0}, server_failures_{0};
@@ -385,7 +425,7 @@ private:
 	// that a hung donor stalls it, never the repair thread; migrate_wanted() takes its lists.
 	void poll_loop();
 	std::mutex wanted_mu_;
-	std::vector<std::vector<uint32_t>> wanted_; // by server, under wanted_mu_
+	std::vector<std::vector<uint32_t>> wanted_; // by server (max_servers_), under wanted_mu_
 	std::thread poll_thread_;
 };
 

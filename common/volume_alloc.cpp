@@ -23,11 +23,12 @@ bool Volume::lock_maint(Slab &s, Clock::time_point until)
 
 unsigned Volume::place(unsigned want, std::span<const uint16_t> exclude, uint16_t *out)
 {
-	DonorLoad loads[kMaxServers];
-	std::lock_guard lock(place_mu_); // the rng; held for no network call
+	std::lock_guard lock(place_mu_); // the rng and the load table; held for no network call
+	DonorLoad *loads = place_loads_.get();
+	const size_t nserv = servers();
 	const int64_t now = now_ns();
 	auto fill = [&](bool allow_down) {
-		for (size_t i = 0; i < servers_.size(); i++) {
+		for (size_t i = 0; i < nserv; i++) {
 			const ServerInfo &info = servers_[i]->info();
 			const uint32_t free = servers_[i]->slabs_free();
 			uint32_t used = info.slabs_total - std::min(free, info.slabs_total);
@@ -36,15 +37,15 @@ unsigned Volume::place(unsigned want, std::span<const uint16_t> exclude, uint16_
 			if (used < info.slabs_total)
 				used = std::min(used + sstate_[i].placing.load(), info.slabs_total - 1);
 			loads[i] = DonorLoad{used, info.slabs_total,
-					     servers_[i]->session_alive() &&
+					     servers_[i]->session_alive() && !sstate_[i].retired.load() &&
 						     (allow_down || now >= sstate_[i].down_until.load())};
 		}
 	};
 	fill(false);
-	unsigned n = place_slab(std::span(loads, servers_.size()), want, exclude, rng_, out);
+	unsigned n = place_slab(std::span(loads, nserv), want, exclude, rng_, out);
 	if (n == 0) { // every donor with room recently failed: try them rather than give up
 		fill(true);
-		n = place_slab(std::span(loads, servers_.size()), want, exclude, rng_, out);
+		n = place_slab(std::span(loads, nserv), want, exclude, rng_, out);
 	}
 	for (unsigned k = 0; k < n; k++)
 		sstate_[out[k]].placing.fetch_add(1); // grant() takes it back once answered
@@ -61,7 +62,8 @@ unsigned Volume::grant(uint64_t slab, uint64_t epoch, unsigned want,
 	for (uint16_t e : exclude)
 		tried[ntried++] = e;
 	err = ENOSPC;
-	while (got < want && ntried < servers_.size()) {
+	const size_t nserv = servers(); // donors added meanwhile wait for the next slab
+	while (got < want && ntried < nserv) {
 		uint16_t chosen[kMaxReplicas];
 		const unsigned n = place(want - got, std::span(tried, ntried), chosen);
 		if (n == 0)
@@ -178,7 +180,7 @@ int Volume::give_back(uint64_t slab)
 		// A donor may still hold a replica with our tag: a restart must not bring its bytes
 		// back. The floor makes the chunk read EIO after a restart if nothing newer exists.
 		// (Under `maint`: floors of one chunk are recorded in order.)
-		record_floor(slab, epoch, 0);
+		record_floor(slab, epoch, {});
 	}
 	// The content is discarded either way; a slab a server kept is reclaimed when our
 	// session ends (or by reconciliation after an unknown outcome).

@@ -65,7 +65,7 @@ int Volume::fence_slow(uint64_t slab)
 		min_took = e.min_took;
 		target = e.min_took > e.max_other ? e.min_took : e.max_all + 1;
 	}
-	uint64_t holders = 0; // servers whose replica now carries `target`
+	unsigned holders = 0; // replicas that now carry `target`
 	for (unsigned k = 0; k < s.nrep; k++) {
 		if (!(took & (1u << k)))
 			continue;
@@ -81,7 +81,7 @@ int Volume::fence_slow(uint64_t slab)
 			std::lock_guard lock(s.epoch_mu);
 			r.epoch = target;
 		}
-		holders |= uint64_t(1) << r.server;
+		holders++;
 	}
 	if (!holders)
 		return EIO; // no replica that took the write could be marked newest
@@ -94,20 +94,21 @@ int Volume::fence_slow(uint64_t slab)
 	// Witnesses: the other donors (not those holding a replica of this slab, which are
 	// stale or failed) learn the floor, so that a restart that finds only an older replica
 	// knows it is stale. Best effort, and skipped for donors on cooldown (they may hang).
-	uint64_t others = 0;
+	uint16_t holding[kMaxReplicas];
 	for (unsigned k = 0; k < s.nrep; k++)
-		others |= uint64_t(1) << s.rep[k].server;
-	record_floor(slab, target, holders | others);
+		holding[k] = s.rep[k].server;
+	record_floor(slab, target, std::span(holding, s.nrep));
 	std::lock_guard lock(s.epoch_mu);
 	s.floored = target;
 	return 0;
 }
 
-void Volume::record_floor(uint64_t slab, uint64_t epoch, uint64_t skip)
+void Volume::record_floor(uint64_t slab, uint64_t epoch, std::span<const uint16_t> skip)
 {
-	for (size_t i = 0; i < servers_.size(); i++) {
-		if (skip & (uint64_t(1) << i) || !servers_[i]->session_alive() ||
-		    is_down(uint16_t(i)))
+	const size_t nserv = servers();
+	for (size_t i = 0; i < nserv; i++) {
+		if (std::find(skip.begin(), skip.end(), uint16_t(i)) != skip.end() ||
+		    !servers_[i]->session_alive() || is_down(uint16_t(i)))
 			continue;
 		if (int err = servers_[i]->set_floor(slab, epoch)) {
 			// A witness that fails (or hangs for the timeout) is not asked again during

@@ -27,6 +27,49 @@ inline constexpr uint64_t kSwitchDirtyBlocks = 4;
 inline constexpr unsigned kMaxCopyPasses = 8;
 inline constexpr unsigned kSwitchTries = 3;
 
+// The donors one chunk's round posted to, and which of them failed: at most one per replica
+// of each piece. A linear scan over a few entries, so a request costs the same whatever the
+// number of donors (no bit per donor), and nothing is allocated.
+class ChunkDonors {
+public:
+	static constexpr unsigned kCapacity = kMaxPieces * 3; // kMaxPieces x Volume::kMaxReplicas
+	void clear() { n_ = 0; }
+	bool empty() const { return n_ == 0; }
+	unsigned size() const { return n_; }
+	uint16_t id(unsigned k) const { return ids_[k]; }
+	// Add `server` (once), as failed if `failed`; a failure sticks.
+	void add(uint16_t server, bool failed = false)
+	{
+		for (unsigned k = 0; k < n_; k++)
+			if (ids_[k] == server) {
+				failed_[k] = failed_[k] || failed;
+				return;
+			}
+		ids_[n_] = server;
+		failed_[n_++] = failed;
+	}
+	void set_failed(unsigned k) { failed_[k] = true; }
+	bool failed(uint16_t server) const
+	{
+		for (unsigned k = 0; k < n_; k++)
+			if (ids_[k] == server)
+				return failed_[k];
+		return false;
+	}
+	bool any_failed() const
+	{
+		for (unsigned k = 0; k < n_; k++)
+			if (failed_[k])
+				return true;
+		return false;
+	}
+
+private:
+	uint16_t ids_[kCapacity];
+	bool failed_[kCapacity];
+	unsigned n_ = 0;
+};
+
 inline int64_t now_ns()
 {
 	return std::chrono::duration_cast<std::chrono::nanoseconds>(

@@ -12,6 +12,8 @@
 
 namespace rdmaswap {
 
+static_assert(ChunkDonors::kCapacity >= kMaxPieces * Volume::kMaxReplicas);
+
 namespace {
 // Unlocks the first `n` slabs of `pieces` that were locked shared.
 template <typename Slabs, typename Pieces>
@@ -40,7 +42,7 @@ int Volume::read_chunk(Channel &ch, uint64_t at, uint32_t len)
 	bool done[kMaxPieces] = {};
 	int err = 0;
 	for (unsigned round = 0; round <= kMaxReplicas && !err; round++) {
-		uint64_t used = 0, post_failed = 0;
+		ChunkDonors used;
 		std::fill(posted, posted + n, int8_t(-1)); // every piece, even after a break
 		for (unsigned i = 0; i < n && !err; i++) {
 			if (done[i])
@@ -67,23 +69,20 @@ int Volume::read_chunk(Channel &ch, uint64_t at, uint32_t len)
 			tried[i] |= uint8_t(1u << r);
 			posted[i] = int8_t(r);
 			const Replica &rep = s.rep[r];
-			used |= uint64_t(1) << rep.server;
-			if (ch.paths[rep.server]->post_read(rep.grant, p.off, p.len, ch.buf + p.pos))
-				post_failed |= uint64_t(1) << rep.server;
+			used.add(rep.server, ch.paths[rep.server]->post_read(rep.grant, p.off, p.len,
+									      ch.buf + p.pos) != 0);
 		}
-		if (!used)
+		if (used.empty())
 			break;
-		uint64_t failed = post_failed;
-		for (size_t k = 0; k < servers_.size(); k++)
-			if (used & (uint64_t(1) << k))
-				if (ch.paths[k]->complete() != 0)
-					failed |= uint64_t(1) << k;
+		for (unsigned k = 0; k < used.size(); k++)
+			if (ch.paths[used.id(k)]->complete() != 0)
+				used.set_failed(k);
 		for (unsigned i = 0; i < n; i++) {
 			if (posted[i] < 0)
 				continue;
 			const Slab &s = slabs_[pieces[i].slab];
 			const uint16_t srv = s.rep[posted[i]].server;
-			if (!(failed & (uint64_t(1) << srv))) {
+			if (!used.failed(srv)) {
 				done[i] = true;
 				continue;
 			}
@@ -128,7 +127,7 @@ int Volume::write_chunk(Channel &ch, uint64_t at, uint32_t len, uint64_t *fence,
 		}
 	}
 	uint8_t posted[kMaxPieces] = {}; // replica indices written, per piece
-	uint64_t used = 0, post_failed = 0;
+	ChunkDonors used;
 	for (unsigned i = 0; i < n; i++) {
 		const Piece &p = pieces[i];
 		const Slab &s = slabs_[p.slab];
@@ -137,16 +136,14 @@ int Volume::write_chunk(Channel &ch, uint64_t at, uint32_t len, uint64_t *fence,
 			if (!valid(rep))
 				continue;
 			posted[i] |= uint8_t(1u << k);
-			used |= uint64_t(1) << rep.server;
-			if (ch.paths[rep.server]->post_write(rep.grant, p.off, p.len, ch.buf + p.pos))
-				post_failed |= uint64_t(1) << rep.server;
+			used.add(rep.server, ch.paths[rep.server]->post_write(rep.grant, p.off, p.len,
+									       ch.buf + p.pos) != 0);
 		}
 	}
-	uint64_t failed = post_failed;
-	for (size_t k = 0; k < servers_.size(); k++)
-		if (used & (uint64_t(1) << k))
-			if (ch.paths[k]->complete() != 0)
-				failed |= uint64_t(1) << k;
+	for (unsigned k = 0; k < used.size(); k++)
+		if (ch.paths[used.id(k)]->complete() != 0)
+			used.set_failed(k);
+	const bool any_failed = used.any_failed();
 	// A copy of the slab in progress copies these blocks again (after our write completed,
 	// so that it reads what we wrote; see CloneJob).
 	for (unsigned i = 0; i < n; i++)
@@ -155,16 +152,15 @@ int Volume::write_chunk(Channel &ch, uint64_t at, uint32_t len, uint64_t *fence,
 	// A replica that failed a write another replica took now differs from it: invalidate
 	// its donor. (If every replica failed, the range is simply unspecified, as after any
 	// failed write, and the request fails.)
-	for (unsigned i = 0; i < n && failed; i++) {
+	for (unsigned i = 0; i < n && any_failed; i++) {
 		const Slab &s = slabs_[pieces[i].slab];
 		bool took = false;
 		for (unsigned k = 0; k < s.nrep; k++)
-			took = took || ((posted[i] & (1u << k)) &&
-					!(failed & (uint64_t(1) << s.rep[k].server)));
+			took = took || ((posted[i] & (1u << k)) && !used.failed(s.rep[k].server));
 		if (!took)
 			continue;
 		for (unsigned k = 0; k < s.nrep; k++)
-			if ((posted[i] & (1u << k)) && (failed & (uint64_t(1) << s.rep[k].server)) &&
+			if ((posted[i] & (1u << k)) && used.failed(s.rep[k].server) &&
 			    sstate_[s.rep[k].server].gen.load() == s.rep[k].gen)
 				invalidate(s.rep[k].server);
 	}
@@ -177,7 +173,7 @@ int Volume::write_chunk(Channel &ch, uint64_t at, uint32_t len, uint64_t *fence,
 		unsigned ntook = 0;
 		for (unsigned k = 0; k < s.nrep; k++)
 			if ((posted[i] & (1u << k)) &&
-			    !(failed & (uint64_t(1) << s.rep[k].server)) && valid(s.rep[k])) {
+			    !used.failed(s.rep[k].server) && valid(s.rep[k])) {
 				took |= uint8_t(1u << k);
 				ntook++;
 			}

@@ -238,7 +238,8 @@ uint64_t Volume::migrate_wanted(Channel &ch)
 {
 	uint64_t stuck = 0;
 	std::vector<uint32_t> ids; // control path: allocating is fine
-	for (size_t i = 0; i < servers_.size(); i++) {
+	const size_t nserv = servers();
+	for (size_t i = 0; i < nserv; i++) {
 		{
 			// The poller's latest list (slabs moved since are simply not found below).
 			std::lock_guard lock(wanted_mu_);
@@ -290,9 +291,15 @@ uint64_t Volume::migrate_wanted(Channel &ch)
 void Volume::poll_loop()
 {
 	// One list per server, kept across polls: its capacity (the server's slab count) is
-	// allocated at the first poll, which runs at once, before any I/O. Later polls reuse it,
-	// and an empty answer (no give-back under way) is copied out without allocating.
-	std::vector<std::vector<uint32_t>> polled(servers_.size());
+	// allocated at the server's first poll, which runs at once (or as soon as the server is
+	// added), before it holds any slab of ours. Later polls reuse it, and an empty answer
+	// (no give-back under way) is copied out without allocating.
+	// Only donors holding slabs of ours have anything to give back: they are asked every
+	// pass. The others only every kIdlePoll, for the free-slab hint that placement reads,
+	// which the poll refreshes (RemoteServer::wanted_slabs).
+	constexpr auto kIdlePoll = std::chrono::seconds(5);
+	std::vector<std::vector<uint32_t>> polled(max_servers_);
+	std::vector<int64_t> next_idle_poll(max_servers_, 0);
 	for (bool first = true;; first = false) {
 		if (!first) {
 			std::unique_lock lock(repair_mu_);
@@ -302,9 +309,17 @@ void Volume::poll_loop()
 		}
 		bool any = false;
 		const int64_t now = now_ns();
-		for (size_t i = 0; i < servers_.size(); i++) {
+		const size_t nserv = servers();
+		for (size_t i = 0; i < nserv; i++) {
 			if (now < sstate_[i].down_until.load() || !servers_[i]->session_alive())
 				continue;
+			const bool holder = sstate_[i].used.load() || sstate_[i].placing.load();
+			if (!holder && now < next_idle_poll[i])
+				continue;
+			if (!holder)
+				next_idle_poll[i] =
+					now + std::chrono::duration_cast<std::chrono::nanoseconds>(kIdlePoll)
+						      .count();
 			std::vector<uint32_t> &ids = polled[i];
 			if (const int err = servers_[i]->wanted_slabs(ids)) {
 				// Hung or gone: do not wait on it again for a while.
@@ -385,7 +400,7 @@ void Volume::repair_loop()
 			repair_kick_ = false;
 		}
 		// Give back slabs forgotten on donors that failed, once they answer again.
-		for (size_t i = 0; i < servers_.size(); i++)
+		for (size_t i = 0, n = servers(); i < n; i++)
 			if (!is_down(uint16_t(i)))
 				servers_[i]->housekeeping();
 		// Give-back: move the slabs donors want back, before anything else.

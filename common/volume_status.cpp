@@ -45,6 +45,7 @@ VolumeReport Volume::report() const
 	r.size = size_;
 	r.slab_size = slab_size_;
 	r.replicas = replicas_;
+	const size_t nserv = servers();
 	// The I/O channels' counters are summed without taking a channel: SoloCounters and
 	// the data paths' counters() are read relaxed (docs/performance.md, "RDMA path
 	// accounting").
@@ -55,18 +56,22 @@ VolumeReport Volume::report() const
 		r.write_bytes += ch->write_bytes.get();
 		r.read_latency += ch->read_latency.snapshot();
 		r.write_latency += ch->write_latency.snapshot();
-		for (const auto &p : ch->paths)
-			r.dp += p->counters();
+		for (size_t k = 0; k < nserv; k++)
+			r.dp += ch->paths[k]->counters();
 	}
 	for (size_t op = 0; op < kVolumeOps; op++)
 		for (size_t e = 0; e < kVolumeErrs; e++)
 			r.errors[op][e] = errors_[op][e].load(std::memory_order_relaxed);
 	r.lock_timeouts = lock_timeouts_.load(std::memory_order_relaxed);
 	const int64_t now = now_ns();
-	for (size_t i = 0; i < servers_.size(); i++) {
+	for (size_t i = 0; i < nserv; i++) {
 		const bool alive = servers_[i]->session_alive();
 		const bool down = now < sstate_[i].down_until.load();
-		r.donors.push_back({servers_[i]->name(), !alive ? "lost" : down ? "failed" : "ok",
+		r.donors.push_back({servers_[i]->name(),
+				    !alive			 ? "lost"
+				    : down			 ? "failed"
+				    : sstate_[i].retired.load() ? "retired"
+								 : "ok",
 				    sstate_[i].used.load(), sstate_[i].gen.load(),
 				    servers_[i]->slabs_free()});
 	}
@@ -205,10 +210,10 @@ std::string Volume::metrics_text() const
 		 "Waits for a completion that slept in the kernel.", r.dp.sleeps);
 
 	m.family("rdmaswap_volume_donor_state", "gauge",
-		 "1 for the donor's state: ok, failed (cooling down after a failure) or lost "
-		 "(its session is gone).");
+		 "1 for the donor's state: ok, failed (cooling down after a failure), lost "
+		 "(its session is gone) or retired (no new slabs: its registration vanished).");
 	for (const auto &d : r.donors)
-		for (const char *s : {"ok", "failed", "lost"})
+		for (const char *s : {"ok", "failed", "lost", "retired"})
 			m.sample("rdmaswap_volume_donor_state", {{"donor", d.name}, {"state", s}},
 				 uint64_t(std::string_view(d.state) == s));
 	m.family("rdmaswap_volume_donor_slabs", "gauge", "Slabs of this volume on the donor.");

@@ -29,6 +29,7 @@
 #include "common/discovery.h"
 #include "common/etcd.h"
 #include "common/log.h"
+#include "common/membership.h"
 #include "common/metrics_text.h"
 #include "common/reattach.h"
 #include "common/rdma/rdma_client.h"
@@ -96,6 +97,7 @@ std::vector<Endpoint> g_servers;   // server= and the donors etcd (or its cache)
 std::vector<Endpoint> g_reachable; // servers that answered in get_ready
 std::unique_ptr<rdma::ClientContext> g_rdma;
 std::unique_ptr<Volume> g_volume;
+std::unique_ptr<Membership> g_membership; // after g_volume: destroyed first
 TransportKind g_chosen = TransportKind::Tcp;
 std::string g_statusfile;          // statusfile=: where the status thread writes
 std::string g_metricsfile;         // metrics-file=: the same, in the Prometheus text format
@@ -230,6 +232,7 @@ void rdmaswap_unload()
 	g_shutdown.reset();
 	request_stop();
 	g_status.reset();
+	g_membership.reset(); // its threads use the volume
 	g_volume.reset();
 	g_rdma.reset();
 }
@@ -554,6 +557,23 @@ int rdmaswap_get_ready()
 	return 0;
 }
 
+// A session with memserver `ep` for the volume, with the plugin's settings (after the fork:
+// g_chosen and g_rdma are set). Throws std::runtime_error (VolumeProofRefused for a refused
+// proof of the volume key).
+static std::unique_ptr<Server> connect_donor(const Endpoint &ep)
+{
+	RemoteServerOptions o;
+	o.endpoint = ep;
+	o.kind = g_chosen;
+	o.timeout = g_cfg.timeout;
+	o.rdma = g_rdma.get();
+	o.auth_key = g_cfg.auth_key;
+	o.volume = g_cfg.volume;
+	o.lease_s = g_cfg.lease;
+	o.volume_key = g_cfg.volume_key;
+	return std::make_unique<RemoteServer>(o);
+}
+
 int rdmaswap_after_fork()
 {
 	// A swap server whose own pages can be swapped out deadlocks under pressure. nbdkit --swap
@@ -614,18 +634,11 @@ int rdmaswap_after_fork()
 		if (g_chosen == TransportKind::Rdma)
 			g_rdma = std::make_unique<rdma::ClientContext>(g_reachable[0], g_cfg.timeout);
 		std::vector<std::unique_ptr<Server>> servers;
+		std::vector<std::pair<Endpoint, uint64_t>> connected; // their names, in order
 		for (const auto &ep : g_reachable) {
-			RemoteServerOptions o;
-			o.endpoint = ep;
-			o.kind = g_chosen;
-			o.timeout = g_cfg.timeout;
-			o.rdma = g_rdma.get();
-			o.auth_key = g_cfg.auth_key;
-			o.volume = g_cfg.volume;
-			o.lease_s = g_cfg.lease;
-			o.volume_key = g_cfg.volume_key;
 			try {
-				servers.push_back(std::make_unique<RemoteServer>(o));
+				servers.push_back(connect_donor(ep));
+				connected.emplace_back(ep, 0);
 			} catch (const VolumeProofRefused &e) {
 				// Failed for this volume, like an unreachable donor: never served.
 				nbdkit_error("rdmaswap: %s", e.what());
@@ -645,6 +658,18 @@ int rdmaswap_after_fork()
 		vo.replicas = g_cfg.replicas;
 		vo.missing_servers = unsigned(g_servers.size() - servers.size());
 		g_volume = std::make_unique<Volume>(std::move(servers), vo);
+		// Donors that did not answer now, and (etcd=) those registered later, join while
+		// the volume serves.
+		Membership::Options mo;
+		mo.servers = g_cfg.servers;
+		if (!g_cfg.etcd.empty()) {
+			mo.registry.endpoints = g_cfg.etcd;
+			mo.registry.prefix = g_cfg.etcd_prefix;
+			mo.registry.timeout = g_cfg.timeout;
+		}
+		g_membership = std::make_unique<Membership>(*g_volume, connect_donor, std::move(mo),
+							    connected);
+		g_membership->start();
 	} catch (const std::exception &e) {
 		nbdkit_error("rdmaswap: %s", e.what());
 		return -1;

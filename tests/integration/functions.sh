@@ -197,7 +197,8 @@ ctl_get() {
 # Starts a memserver on 127.0.0.1 on a free port, TCP transport, with --auth-key $AUTH_KEY and
 # --admin-key $ADMIN_KEY unless EXTRA_ARGS say --insecure or --auth-key, and waits until rdmaswapctl status answers. Sets MEMSERVER_PID, MEMSERVER_PORT, MEMSERVER_ADDR (HOST:PORT), MEMSERVER_LOG.
 # @ADDR@ in EXTRA_ARGS becomes MEMSERVER_ADDR (e.g. --advertise @ADDR@).
-# Retries on a few ports in case another process grabbed the free port first.
+# Retries on a few ports in case another process grabbed the free port first; with
+# MEMSERVER_FIXED_PORT set, uses that port (once).
 _memserver_count=0
 start_memserver() {
     local capacity=$1 slab=$2 deadline
@@ -205,7 +206,7 @@ start_memserver() {
     has_auth_arg "$@" || set -- --auth-key "$AUTH_KEY" --admin-key "$ADMIN_KEY" "$@"
     for _ in 1 2 3; do
         _memserver_count=$((_memserver_count + 1))
-        MEMSERVER_PORT=$(free_port)
+        MEMSERVER_PORT=${MEMSERVER_FIXED_PORT:-$(free_port)}
         MEMSERVER_ADDR="127.0.0.1:$MEMSERVER_PORT"
         MEMSERVER_LOG="$tmpdir/memserver-$_memserver_count.log"
         "$MEMSERVER" --listen 127.0.0.1 --port "$MEMSERVER_PORT" \
@@ -228,7 +229,7 @@ start_memserver() {
             fail "memserver on $MEMSERVER_ADDR did not answer rdmaswapctl status within 30 s"
         fi
         wait "$MEMSERVER_PID" 2>/dev/null || true
-        if ! grep -qi 'in use' "$MEMSERVER_LOG"; then
+        if [[ -n ${MEMSERVER_FIXED_PORT:-} ]] || ! grep -qi 'in use' "$MEMSERVER_LOG"; then
             cat "$MEMSERVER_LOG" >&2
             fail "memserver exited at startup"
         fi
