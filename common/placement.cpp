@@ -19,15 +19,24 @@ bool eligible(const DonorLoad &d, uint16_t i, std::span<const uint16_t> exclude,
 }
 
 // Compare used/total without division: a.used/a.total < b.used/b.total.
-bool less_loaded(const DonorLoad &a, const DonorLoad &b)
+bool less_full(const DonorLoad &a, const DonorLoad &b)
 {
 	return uint64_t(a.used) * b.total < uint64_t(b.used) * a.total;
+}
+
+// Whether `a` is to be preferred to `b`.
+bool less_loaded(const DonorLoad &a, const DonorLoad &b, Prefer prefer)
+{
+	if (prefer == Prefer::FewestSessions && a.sessions != b.sessions)
+		return a.sessions < b.sessions;
+	return less_full(a, b);
 }
 
 } // namespace
 
 unsigned place_slab(std::span<const DonorLoad> donors, unsigned replicas,
-		    std::span<const uint16_t> exclude, std::minstd_rand &rng, uint16_t *out)
+		    std::span<const uint16_t> exclude, std::minstd_rand &rng, uint16_t *out,
+		    Prefer prefer)
 {
 	unsigned n = 0;
 	while (n < replicas) {
@@ -55,7 +64,7 @@ unsigned place_slab(std::span<const DonorLoad> donors, unsigned replicas,
 		}
 		const uint16_t a = nth(ka);
 		const uint16_t b = nth(kb);
-		out[n++] = less_loaded(donors[b], donors[a]) ? b : a;
+		out[n++] = less_loaded(donors[b], donors[a], prefer) ? b : a;
 	}
 	return n;
 }

@@ -107,3 +107,28 @@ TEST_CASE("placement: two donors filled one slab at a time stay within one slab 
 		}
 	}
 }
+
+TEST_CASE("placement: Prefer::FewestSessions takes the one with fewer sessions, fill on a tie",
+	  "[placement]")
+{
+	std::minstd_rand rng(4);
+	// Donor 0 is emptier but has more sessions; donor 2 ties donor 1 on sessions, fuller.
+	std::vector<DonorLoad> donors = {{0, 100, true, 9}, {50, 100, true, 1}, {60, 100, true, 1}};
+	unsigned to1 = 0, to0 = 0;
+	for (int i = 0; i < 1000; i++) {
+		uint16_t out[1];
+		REQUIRE(place_slab(donors, 1, {}, rng, out, Prefer::FewestSessions) == 1);
+		to1 += out[0] == 1;
+		to0 += out[0] == 0;
+	}
+	CHECK(to0 == 0);      // never the one with more sessions: it loses every comparison
+	CHECK(to1 >= 600);    // 2 of 3 pairs hold donor 1, and it wins both
+	// The default still goes by fill alone: donor 0 wins whenever drawn.
+	unsigned fill0 = 0;
+	for (int i = 0; i < 1000; i++) {
+		uint16_t out[1];
+		REQUIRE(place_slab(donors, 1, {}, rng, out) == 1);
+		fill0 += out[0] == 0;
+	}
+	CHECK(fill0 >= 600);
+}
