@@ -760,8 +760,8 @@ struct nbdkit_plugin make_plugin()
 	p.config_complete = rdmaswap_config_complete;
 	p.config_help = "server=HOST[:PORT]  (repeatable) memserver address (server= or etcd=\n"
 			"                    is required)\n"
-			"etcd=URL[,URL...]   find the memservers registered in etcd at start\n"
-			"                    (http://HOST:PORT of its members)\n"
+			"etcd=URL[,URL...]   use the memservers registered in etcd, found at\n"
+			"                    start and watched (http://HOST:PORT of its members)\n"
 			"etcd-prefix=PREFIX  etcd key prefix (default /rdmaswap/)\n"
 			"donor-cache=FILE    the donors of the last etcd listing, read when etcd\n"
 			"                    is down (default: STATE/VOLUME.donors beside the\n"
