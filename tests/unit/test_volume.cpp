@@ -1094,6 +1094,7 @@ TEST_CASE("volume: a donor that fails the give-back poll is not asked again duri
 	auto o = opts(8 * SS, 2, 64 * KiB);
 	o.repair_interval = std::chrono::milliseconds(5);
 	o.down_cooldown = std::chrono::seconds(60);
+	o.replicas = 2; // both donors hold slabs of ours: both are polled every pass
 	auto v = make_volume(bs, o);
 	Bytes shadow(8 * SS);
 	REQUIRE(write_shadow(*v, shadow, pattern(8 * SS, 9), 0) == 0);
