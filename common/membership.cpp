@@ -30,6 +30,9 @@ Membership::Membership(Volume &volume, Connect connect, Options opts,
 		       std::span<const std::pair<Endpoint, uint64_t>> start)
 	: volume_(volume), connect_(std::move(connect)), opts_(std::move(opts))
 {
+	// The logger now, not at the first step: its creation allocates, and nbdkit must not
+	// allocate once it serves (tests/alloc counts every allocation of the process).
+	logger("membership");
 	for (const auto &ep : opts_.servers) {
 		Entry &e = entries_[ep.str()];
 		e.ep = ep;
