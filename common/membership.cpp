@@ -10,11 +10,6 @@
 
 namespace rdmaswap {
 
-namespace {
-constexpr std::chrono::milliseconds kFirstPause{1000};
-constexpr std::chrono::milliseconds kMaxPause{60000};
-} // namespace
-
 // The watcher's etcd client, kept here so that stop() can interrupt its stream.
 struct Membership::Watch {
 	explicit Watch(const discovery::ListOptions &o)
@@ -102,7 +97,7 @@ unsigned Membership::step()
 					volume_.set_retired(i, !wanted);
 				}
 			}
-			if (e.slot < 0 && wanted && now >= e.next_try)
+			if (e.slot < 0 && wanted && e.retry.may_try(now))
 				to_connect.emplace_back(name, e.ep);
 		}
 	}
@@ -125,18 +120,17 @@ unsigned Membership::step()
 		if (slot >= 0) {
 			e.slot = slot;
 			e.slot_boot = e.boot_id;
-			e.pause = std::chrono::milliseconds(0);
+			e.retry.succeeded();
 			e.warned = false;
 			added++;
 			if (!(e.from_servers || e.registered)) // vanished while we connected
 				volume_.set_retired(size_t(slot), true);
 			continue;
 		}
-		e.pause = std::min(kMaxPause, std::max(kFirstPause, e.pause * 2));
-		e.next_try = Clock::now() + e.pause;
+		e.retry.failed(Clock::now());
 		if (!e.warned)
 			log->warn("memserver {} not usable yet (retried every {} s at most): {}", name,
-				  kMaxPause.count() / 1000, why);
+				  kMaxRetry.count() / 1000, why);
 		else
 			log->debug("memserver {} still not usable: {}", name, why);
 		e.warned = true;

@@ -28,6 +28,7 @@
 #include <thread>
 #include <vector>
 
+#include "common/backoff.h"
 #include "common/config.h"
 #include "common/discovery.h"
 #include "common/transport.h"
@@ -77,6 +78,8 @@ public:
 	void stop();
 
 private:
+	// A donor that cannot be connected is tried again after 1 s, the pause doubling to 60 s.
+	static constexpr std::chrono::milliseconds kFirstRetry{1000}, kMaxRetry{60000};
 	struct Entry {
 		Endpoint ep;
 		bool from_servers = false;
@@ -84,8 +87,7 @@ private:
 		uint64_t boot_id = 0;      // as registered (0: unknown)
 		long slot = -1;            // index in the volume, -1: not connected
 		uint64_t slot_boot = 0;    // the boot id when it was connected
-		Clock::time_point next_try{};
-		std::chrono::milliseconds pause{0};
+		Backoff retry{kFirstRetry, kMaxRetry};
 		bool warned = false; // the first failure of a streak was logged
 	};
 	void step_loop();
