@@ -12,7 +12,8 @@ tests=(libnbd-bin python3-libnbd fio qemu-system-x86 linux-image-amd64 busybox-s
        ibverbs-utils rdmacm-utils perftest procps psmisc util-linux python3
        systemd man-db groff-base cryptsetup-bin nftables python3-cryptography
        prometheus # promtool: tests/integration/test-metrics.sh
-       etcd-server etcd-client)
+       etcd-server etcd-client
+       debhelper lintian) # dpkg-buildpackage and lintian: tests/install/test-deb.sh
 want=("${runtime[@]}")
 [ "${1:-}" = "--runtime" ] || want+=("${build[@]}" "${tests[@]}")
 missing=()

@@ -10,6 +10,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <sstream>
 #include <stdexcept>
@@ -45,7 +46,11 @@ struct TempDir {
 		REQUIRE(mkdtemp(tmpl));
 		path = tmpl;
 	}
-	~TempDir() { std::system(("rm -rf '" + path + "'").c_str()); }
+	~TempDir()
+	{
+		std::error_code ec; // best effort: a destructor must not throw
+		std::filesystem::remove_all(path, ec);
+	}
 	std::string path;
 };
 
