@@ -101,6 +101,7 @@ Volume::Volume(std::vector<std::unique_ptr<Server>> servers, const VolumeOptions
 		for (unsigned i = 0; i <= nch; i++) {
 			auto ch = std::make_unique<Channel>();
 			ch->buf = region_ + size_t(i) * buffer_size_;
+			ch->index = i;
 			ch->paths = std::make_unique<std::unique_ptr<DataPath>[]>(max_servers_);
 			for (size_t k = 0; k < nstart; k++)
 				ch->paths[k] = start[k]->open_data_path(region);
@@ -127,6 +128,14 @@ Volume::Volume(std::vector<std::unique_ptr<Server>> servers, const VolumeOptions
 			munmap(region_, region_len_);
 			throw;
 		}
+	}
+	try {
+		open_backup(opts);
+	} catch (...) {
+		channels_.clear();
+		maint_ch_.reset();
+		munmap(region_, region_len_);
+		throw;
 	}
 	wanted_.resize(max_servers_);
 	repair_thread_ = std::thread([this] { repair_loop(); });
@@ -295,10 +304,75 @@ Volume::~Volume()
 		repair_thread_.join();
 	if (poll_thread_.joinable())
 		poll_thread_.join();
+	if (backup_) {
+		// The slabs holding data, for the next run (no I/O runs any more).
+		for (uint64_t i = 0; i < nslabs_; i++)
+			backup_->set_live(i, slabs_[i].nrep != 0 || slabs_[i].lost);
+		backup_.reset(); // writes out its queue, then marks the file clean if it can
+	}
 	channels_.clear(); // data paths reference the region: drop them first
 	maint_ch_.reset();
 	if (region_)
 		munmap(region_, region_len_);
+}
+
+void Volume::open_backup(const VolumeOptions &o)
+{
+	if (o.backup_path.empty())
+		return;
+	auto log = logger("volume");
+	BackupOptions b;
+	b.path = o.backup_path;
+	b.volume = o.backup_volume;
+	b.size = size_;
+	b.slab_size = slab_size_;
+	b.chunk = buffer_size_;
+	b.queues = unsigned(channels_.size());
+	b.queue_bytes = o.backup_queue;
+	b.run_id = o.run_id;
+	b.previous_run_id = o.previous_run_id;
+	backup_ = std::make_unique<Backup>(b);
+	bool prior = false; // the volume holds data from an earlier run
+	for (uint64_t i = 0; i < nslabs_ && !prior; i++)
+		prior = slabs_[i].nrep != 0 || slabs_[i].lost;
+	if (backup_->clean()) {
+		// Closed cleanly by the previous run: it holds what every slab held then. Slabs
+		// with data then that no donor gave back are served by it (and repaired from it);
+		// slabs it knows were empty read zeros (even when too many donors are missing to
+		// tell otherwise).
+		uint64_t restored = 0;
+		for (uint64_t i = 0; i < nslabs_; i++) {
+			Slab &s = slabs_[i];
+			if (s.nrep == 0) {
+				s.lost = backup_->live_at_close(i);
+				restored += s.lost;
+			} else if (!backup_->live_at_close(i)) {
+				backup_->distrust(i); // a replica of a slab the file has as empty
+			}
+		}
+		backup_->start(false, [](uint64_t) { return true; }, [](uint64_t) { return false; });
+		if (restored) {
+			log->warn("backup {}: {} slabs no memserver kept are served from it (closed "
+				  "cleanly by the previous run) until they are copied to memservers",
+				  o.backup_path, restored);
+			kick_repair();
+		} else {
+			log->info("backup {}: in use, closed cleanly by the previous run", o.backup_path);
+		}
+	} else if (!prior) {
+		backup_->start(true, [](uint64_t) { return true; }, [](uint64_t) { return false; });
+		log->info("backup {}: in use, every write also goes there", o.backup_path);
+	} else {
+		// Not closed cleanly (or by an older run): what it holds of the slabs restored
+		// from the memservers is unknown. Those are not backed (until trimmed); empty
+		// slabs are zeroed in it.
+		backup_->start(
+			false, [](uint64_t) { return false; },
+			[this](uint64_t i) { return slabs_[i].nrep == 0 && !slabs_[i].lost; });
+		log->warn("backup {}: not closed cleanly by the previous run: the {} slabs restored "
+			  "from memservers are not backed by it (losing their memservers loses them)",
+			  o.backup_path, backup_->untrusted_count());
+	}
 }
 
 bool Volume::valid(const Replica &r) const

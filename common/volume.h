@@ -42,6 +42,7 @@
 #include <thread>
 #include <vector>
 
+#include "common/backup.h"
 #include "common/metrics_text.h"
 #include "common/placement.h"
 #include "common/slab_lock.h"
@@ -74,6 +75,13 @@ struct VolumeOptions {
 	// every per-donor table (states, each channel's data paths) is allocated for this many
 	// at construction, so that the data path never allocates. 1..kMaxServers.
 	unsigned max_servers = 4096;
+	// The disk backup tier (backup.h): empty: none. Every write also goes to this file; it
+	// serves slabs left with no valid replica (reads, writes, and repair's copies) and, after
+	// a restart, the slabs no donor kept (if the previous run closed it cleanly).
+	std::string backup_path;
+	std::string backup_volume;            // the volume's name, stored in the file
+	size_t backup_queue = 32 << 20;       // bytes of queue between writes and the file
+	uint64_t run_id = 0, previous_run_id = 0; // (backup.h, BackupOptions)
 };
 
 struct VolumeStats {
@@ -93,6 +101,12 @@ struct VolumeStats {
 	uint64_t migrate_pending = 0; // slabs wanted back that could not move (last pass)
 	uint64_t clone_aborts = 0;    // copies abandoned (a donor failed, or I/O needed the slab)
 	uint64_t switch_us_max = 0;   // longest exclusive switch-over section after a copy
+	// backup= only:
+	uint64_t backup_only = 0;      // live slabs with no valid replica, served by the backup
+	uint64_t backup_unbacked = 0;  // slabs the backup does not hold (write errors, restart)
+	uint64_t backup_errors = 0;    // failed writes to the backup file
+	uint64_t backup_full_waits = 0; // writes that waited for room in the backup queue
+	uint64_t backup_queued = 0;    // bytes queued for the backup file now
 };
 
 // The errors a request returned to the client, by operation and errno.
@@ -221,7 +235,9 @@ private:
 		TimedMutex maint;
 		std::atomic<unsigned> yield{0};     // threads waiting for `maint`
 		uint8_t nrep = 0;             // 0: never written (reads zeros)
-		bool lost = false;            // nrep 0 after a reattach that could not find it: EIO
+		// nrep 0, but not zeros: lost at a reattach that could not find it (EIO), or held
+		// only by the backup (backed(): served from it, repaired onto a donor from it).
+		bool lost = false;
 		Replica rep[kMaxReplicas];
 		std::atomic<CloneJob *> clone{nullptr}; // set while a copy of this slab runs
 		mutable std::mutex epoch_mu;
@@ -239,6 +255,7 @@ private:
 	};
 	struct Channel {
 		TimedMutex mu;
+		unsigned index = 0; // its backup queue (I/O channels)
 		std::byte *buf = nullptr;
 		// One per server, max_servers of them (null until the server is added); a path is
 		// set before the server is published (nservers_), so whoever got the server's index
@@ -295,6 +312,10 @@ private:
 	unsigned split(uint64_t offset, uint32_t len, Piece *out) const;
 	bool valid(const Replica &r) const;
 	unsigned valid_count(const Slab &s) const;
+	// backup= holds the slab's current bytes: it may serve it when no replica is valid.
+	bool backed(uint64_t slab) const { return backup_ && backup_->trusted(slab); }
+	// A copy's source that is the backup file, not a replica (clone(), copy_dirty()).
+	static constexpr uint16_t kBackupSource = 0xffff;
 	// A replica on `server` missed a write that another replica took, or failed a read that
 	// another replica can serve: none of its replicas is read again (they are repaired).
 	void invalidate(uint16_t server);
@@ -344,7 +365,14 @@ private:
 	// the others and among all. Caller holds `epoch_mu`.
 	struct Epochs {
 		uint64_t min_took = UINT64_MAX, max_other = 0, max_all = 0;
-		bool fenced(uint64_t floored) const { return min_took > max_other && floored >= min_took; }
+		// With no replica in `took` (the backup alone took the write): every replica is
+		// below the floor.
+		bool fenced(uint64_t floored) const
+		{
+			if (min_took == UINT64_MAX)
+				return max_all < floored;
+			return min_took > max_other && floored >= min_took;
+		}
 	};
 	static Epochs epochs(const Slab &s, uint8_t took);
 	// fence_slow(): make it hold, with control RPCs, for every replica that is valid now.
@@ -427,6 +455,11 @@ private:
 	std::mutex wanted_mu_;
 	std::vector<std::vector<uint32_t>> wanted_; // by server (max_servers_), under wanted_mu_
 	std::thread poll_thread_;
+	// Last: made after recovery, before the threads start; destroyed after they stopped.
+	std::unique_ptr<Backup> backup_;
+	std::atomic<int64_t> backup_only_logged_{0}; // rate limit of that warning
+	// Make backup_ and reconcile it with what recovery found (constructor).
+	void open_backup(const VolumeOptions &opts);
 };
 
 } // namespace rdmaswap

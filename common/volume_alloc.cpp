@@ -99,8 +99,8 @@ int Volume::ensure_allocated(uint64_t first, uint64_t last)
 			return st;
 		};
 		int st = state();
-		if (st == 1)
-			continue;
+		if (st == 1 || (st == -1 && backed(slab)))
+			continue; // (held by the backup alone: the write goes there)
 		if (st == -1)
 			return EIO; // lost at reattach: a write must not make the rest read zeros
 		// One allocation of this slab at a time; it may take a control call per donor.
@@ -110,7 +110,7 @@ int Volume::ensure_allocated(uint64_t first, uint64_t last)
 		}
 		std::unique_lock maint(s.maint, std::adopt_lock);
 		if ((st = state()) != 0) {
-			if (st == 1)
+			if (st == 1 || (st == -1 && backed(slab)))
 				continue;
 			return EIO;
 		}
@@ -122,6 +122,25 @@ int Volume::ensure_allocated(uint64_t first, uint64_t last)
 		Replica reps[kMaxReplicas];
 		int err = 0;
 		const unsigned n = grant(slab, epoch, replicas_, {}, reps, err);
+		if (n == 0 && backed(slab)) {
+			// No donor has room or answers: the backup alone holds it until the repair
+			// thread can copy it onto one.
+			SlabGuard ex(s.mu, SlabGuard::Exclusive, deadline());
+			if (!ex)
+				return EIO;
+			s.lost = true;
+			ex.release();
+			const int64_t now = now_ns();
+			int64_t logged = backup_only_logged_.load();
+			if (now - logged > 10'000'000'000 &&
+			    backup_only_logged_.compare_exchange_strong(logged, now))
+				logger("volume")->warn("cannot allocate slab {} on any memserver ({}): it "
+						       "is kept in the backup file alone until one has "
+						       "room",
+						       slab, std::strerror(err));
+			kick_repair();
+			continue;
+		}
 		if (n == 0) {
 			logger("volume")->error("cannot allocate slab {}: {}", slab, std::strerror(err));
 			return err == ENOSPC ? ENOSPC : EIO;
@@ -172,6 +191,13 @@ int Volume::give_back(uint64_t slab)
 			// Replicas written from now on get a higher epoch than the ones given back.
 			epoch = ++s.epoch;
 		}
+	}
+	// The backup reads zeros there from now on (or, if that cannot be queued, no longer
+	// backs the slab: it would hold stale bytes once the slab is written again).
+	if (backup_) {
+		const uint64_t off = slab * slab_size_;
+		if (backup_->punch(off, std::min(slab_size_, size_ - off), deadline()) != 0)
+			backup_->distrust(slab);
 	}
 	bool confirmed = true;
 	for (unsigned i = 0; i < nold; i++)

@@ -54,6 +54,24 @@ int Volume::fence_slow(uint64_t slab)
 	for (unsigned k = 0; k < s.nrep; k++)
 		if (valid(s.rep[k]))
 			took |= uint8_t(1u << k);
+	if (!took && backed(slab)) {
+		// Held by the backup alone: every replica left is stale. A floor above them all,
+		// so that a restart never takes one of them for current.
+		uint64_t target;
+		{
+			std::lock_guard lock(s.epoch_mu);
+			const Epochs e = epochs(s, 0);
+			if (e.fenced(s.floored))
+				return 0;
+			target = std::max(s.epoch, e.max_all) + 1;
+		}
+		record_floor(slab, target, {});
+		epoch_raises_.fetch_add(1);
+		std::lock_guard lock(s.epoch_mu);
+		s.epoch = target;
+		s.floored = target;
+		return 0;
+	}
 	if (!took)
 		return EIO; // no replica that holds the write is still valid
 	uint64_t target, min_took;

@@ -49,9 +49,19 @@ int Volume::read_chunk(Channel &ch, uint64_t at, uint32_t len)
 				continue;
 			const Piece &p = pieces[i];
 			const Slab &s = slabs_[p.slab];
-			if (s.nrep == 0 && s.lost) { // lost at reattach
-				err = EIO;
-				break;
+			// No replica to read: the backup's copy, if it has one (else EIO).
+			auto from_backup = [&] {
+				if (!backed(p.slab) ||
+				    backup_->read(ch.buf + p.pos, p.len, p.slab * slab_size_ + p.off,
+						  until) != 0)
+					return false;
+				done[i] = true;
+				return true;
+			};
+			if (s.nrep == 0 && s.lost) { // lost at reattach, or held by the backup alone
+				if (!from_backup())
+					err = EIO;
+				continue;
 			}
 			if (s.nrep == 0) { // never written: zeros, no round trip
 				std::memset(ch.buf + p.pos, 0, p.len);
@@ -63,8 +73,9 @@ int Volume::read_chunk(Channel &ch, uint64_t at, uint32_t len)
 				if (!(tried[i] & (1u << k)) && valid(s.rep[k]))
 					r = int(k);
 			if (r < 0) {
-				err = EIO; // no valid replica left to read from
-				break;
+				if (!from_backup())
+					err = EIO; // no valid replica left to read from
+				continue;
 			}
 			tried[i] |= uint8_t(1u << r);
 			posted[i] = int8_t(r);
@@ -86,13 +97,12 @@ int Volume::read_chunk(Channel &ch, uint64_t at, uint32_t len)
 				done[i] = true;
 				continue;
 			}
-			// Another valid replica can serve it: stop using this donor.
-			for (unsigned k = 0; k < s.nrep; k++)
-				if (s.rep[k].server != srv && valid(s.rep[k])) {
-					if (sstate_[srv].gen.load() == s.rep[posted[i]].gen)
-						invalidate(srv);
-					break;
-				}
+			// Another valid replica (or the backup) can serve it: stop using this donor.
+			bool other = backed(pieces[i].slab);
+			for (unsigned k = 0; k < s.nrep && !other; k++)
+				other = s.rep[k].server != srv && valid(s.rep[k]);
+			if (other && sstate_[srv].gen.load() == s.rep[posted[i]].gen)
+				invalidate(srv);
 		}
 	}
 	for (unsigned i = 0; i < n; i++)
@@ -120,6 +130,8 @@ int Volume::write_chunk(Channel &ch, uint64_t at, uint32_t len, uint64_t *fence,
 						pieces[i].slab);
 			return EIO;
 		}
+		if (s.nrep == 0 && s.lost && backed(pieces[i].slab))
+			continue; // held by the backup alone: the write went there (write_range)
 		if (s.nrep == 0) { // trimmed since it was allocated (or lost at reattach)
 			const bool lost = s.lost;
 			unlock_pieces(slabs_, pieces, i + 1);
@@ -178,7 +190,11 @@ int Volume::write_chunk(Channel &ch, uint64_t at, uint32_t len, uint64_t *fence,
 				ntook++;
 			}
 		if (ntook == 0) {
-			err = EIO;
+			// Taken by the backup alone (write_range put it there first), or lost.
+			if (!backed(pieces[i].slab))
+				err = EIO;
+			else if (tagged_ && s.nrep && !fenced(s, 0))
+				fence[nfence++] = pieces[i].slab; // its stale replicas: floor above them
 		} else if (tagged_ && ntook < replicas_ && !fenced(s, took)) {
 			// Degraded, and the epochs must be raised first: done by the caller with no
 			// lock held (control calls).
@@ -251,7 +267,13 @@ int Volume::write_range(const std::byte *src, uint64_t count, uint64_t offset, b
 				std::memcpy(ch->buf, src + done, len);
 			else
 				std::memset(ch->buf, 0, len);
-			r = write_chunk(*ch, at, len, fence, nfence);
+			// The backup gets it first: by the time any replica has it, a read that finds
+			// no valid replica and waits for the backup's queue finds it there.
+			if (backup_ && backup_->put(ch->index, at, src ? ch->buf : nullptr, len,
+						    deadline()) != 0)
+				r = EIO;
+			else
+				r = write_chunk(*ch, at, len, fence, nfence);
 			if (src && r == 0)
 				ch->write_bytes.add(len);
 		}

@@ -47,8 +47,10 @@ bool Volume::copy_dirty(Slab &s, const Replica &src, const Replica &dst, Channel
 	std::byte *buf[2] = {ch.buf, ch.buf + bs * per};
 	uint64_t blocks[2][kMaxBatch];
 	unsigned nb[2] = {0, 0};
-	DataPath &from = *ch.paths[src.server];
+	// From the backup file (a slab no replica holds any more) or from a replica.
+	DataPath *from = src.server == kBackupSource ? nullptr : ch.paths[src.server].get();
 	DataPath &to = *ch.paths[dst.server];
+	const uint64_t slab = uint64_t(&s - slabs_.get());
 	uint64_t next = 0;
 	unsigned cur = 0;
 	for (;;) {
@@ -64,16 +66,21 @@ bool Volume::copy_dirty(Slab &s, const Replica &src, const Replica &dst, Channel
 		// (over TCP, their payloads go out while the source's answers come in).
 		bool wrote_ok = true, read_ok = true;
 		for (unsigned i = 0; i < nb[cur]; i++)
-			read_ok = from.post_read(src.grant, blocks[cur][i] * bs, uint32_t(bs),
-						 buf[cur] + i * bs) == 0 && read_ok;
+			read_ok = (from ? from->post_read(src.grant, blocks[cur][i] * bs, uint32_t(bs),
+							  buf[cur] + i * bs)
+					: backup_->read(buf[cur] + i * bs, uint32_t(bs),
+							slab * slab_size_ + blocks[cur][i] * bs,
+							deadline())) == 0 &&
+				  read_ok;
 		for (unsigned i = 0; i < nb[prev]; i++)
 			wrote_ok = to.post_write(dst.grant, blocks[prev][i] * bs, uint32_t(bs),
 						 buf[prev] + i * bs) == 0 && wrote_ok;
 		// complete() always runs for a path that was posted to: it ends the batch.
-		read_ok = (nb[cur] == 0 || from.complete() == 0) && read_ok;
+		read_ok = (nb[cur] == 0 || !from || from->complete() == 0) && read_ok;
 		wrote_ok = (nb[prev] == 0 || to.complete() == 0) && wrote_ok;
 		if (!wrote_ok || !read_ok) {
-			mark_down(!wrote_ok ? dst.server : src.server);
+			if (!wrote_ok || from)
+				mark_down(!wrote_ok ? dst.server : src.server);
 			return false; // the copy is abandoned (and started over later)
 		}
 		bytes.fetch_add(nb[prev] * bs);
@@ -146,7 +153,8 @@ bool Volume::clone(uint64_t slab, const Replica src, const Replica dst, int repl
 				return abort("a transfer failed");
 			}
 		}
-		if (!valid(src) || sstate_[dst.server].gen.load() != dst.gen) {
+		const bool src_ok = src.server == kBackupSource ? backed(slab) : valid(src);
+		if (!src_ok || sstate_[dst.server].gen.load() != dst.gen) {
 			ex.release();
 			return abort("the source or the destination failed during the copy");
 		}
@@ -161,6 +169,7 @@ bool Volume::clone(uint64_t slab, const Replica src, const Replica dst, int repl
 					s.rep[replace] = r;
 				else
 					s.rep[s.nrep++] = r;
+				s.lost = false; // (a slab the backup alone held has a replica again)
 			}
 		}
 		if (retag) { // a degraded write raised the epoch: tag the copy with it first
@@ -344,14 +353,15 @@ bool Volume::repair(uint64_t slab, Channel &ch)
 	if (!s.maint.try_lock_for(std::chrono::milliseconds(100)))
 		return false; // busy: at the next pass
 	std::unique_lock maint(s.maint, std::adopt_lock);
-	if (s.nrep == 0)
+	if (s.nrep == 0 && !(s.lost && backed(slab)))
 		return false;
 	if (tagged_) {
 		// Invalid replicas leave the set below, but their donors may still hold them (a
 		// hung donor): the good ones get a higher epoch first, so that a restart never
 		// takes a dropped replica for a current one. (A donor failing it is invalidated.)
+		// With none good, the backup's copy is the current one: a floor above them all.
 		const unsigned good = valid_count(s);
-		if (good && good < s.nrep)
+		if ((good && good < s.nrep) || (!good && s.nrep && backed(slab)))
 			fence_slow(slab);
 	}
 	Replica good[kMaxReplicas], drop[kMaxReplicas];
@@ -362,22 +372,29 @@ bool Volume::repair(uint64_t slab, Channel &ch)
 			return false;
 		for (unsigned i = 0; i < s.nrep; i++)
 			(valid(s.rep[i]) ? good[ngood++] : drop[ndrop++]) = s.rep[i];
-		if (ngood == 0)
+		if (ngood == 0 && !backed(slab))
 			return false; // lost: keep the invalid replicas so reads fail with EIO
 		for (unsigned i = 0; i < ngood; i++)
 			s.rep[i] = good[i];
 		s.nrep = uint8_t(ngood);
+		if (ngood == 0)
+			s.lost = true; // held by the backup alone until copied below
 	}
 	for (unsigned i = 0; i < ndrop; i++)
 		release_replica(drop[i]);
 	bool changed = ndrop > 0;
 	// Place the missing copies away from the donors that hold a good one, and copy them
-	// from a good replica while the slab keeps serving.
+	// from a good replica (or the backup, when none is left) while the slab keeps serving.
 	while (s.nrep < replicas_ && !stop_.load()) {
 		Replica dst;
 		if (!grant_copy(slab, dst))
 			break;
-		if (!clone(slab, s.rep[0], dst, -1, ch, repair_bytes_))
+		Replica src;
+		if (s.nrep)
+			src = s.rep[0];
+		else
+			src.server = kBackupSource;
+		if (!clone(slab, src, dst, -1, ch, repair_bytes_))
 			break; // source or destination failed, or I/O needed the slab: next pass
 		repaired_.fetch_add(1);
 		changed = true;
@@ -411,14 +428,17 @@ void Volume::repair_loop()
 				  "they are and are moved when they can be",
 				  stuck);
 		migrate_pending_.store(stuck);
-		if (replicas_ < 2)
+		if (replicas_ < 2 && !backup_)
 			continue;
 		for (uint64_t i = 0; i < nslabs_ && !stop_.load(); i++) {
 			{
 				const Slab &s = slabs_[i];
 				s.mu.lock_shared(); // holders never wait on the network exclusively
-				const bool healthy = s.nrep == 0 || (valid_count(s) >= replicas_ &&
-								     valid_count(s) == s.nrep);
+				// (With replicas=1, only the backup can restore a slab.)
+				const bool healthy =
+					s.nrep == 0 ? !(s.lost && backed(i))
+						    : (valid_count(s) >= replicas_ && valid_count(s) == s.nrep) ||
+							      (valid_count(s) == 0 && !backed(i));
 				s.mu.unlock_shared();
 				if (healthy)
 					continue;

@@ -16,11 +16,17 @@ VolumeStats Volume::stats() const
 		const unsigned nrep = s.nrep, v = valid_count(s);
 		const bool lost = s.lost;
 		s.mu.unlock_shared();
-		st.lost += nrep == 0 && lost;
+		// No valid replica: served by the backup if it has the slab, else lost (EIO).
+		const bool backup = backed(i);
+		if (nrep == 0 && lost) {
+			st.slabs_live += backup;
+			(backup ? st.backup_only : st.lost)++;
+		}
 		if (nrep == 0)
 			continue;
 		st.slabs_live++;
-		st.lost += v == 0;
+		if (v == 0)
+			(backup ? st.backup_only : st.lost)++;
 		st.degraded += v > 0 && v < replicas_;
 	}
 	st.repaired = repaired_.load();
@@ -35,6 +41,12 @@ VolumeStats Volume::stats() const
 	st.migrate_ms = migrate_ns_.load() / 1000000;
 	st.clone_aborts = clone_aborts_.load();
 	st.switch_us_max = switch_ns_max_.load() / 1000;
+	if (backup_) {
+		st.backup_unbacked = backup_->untrusted_count();
+		st.backup_errors = backup_->write_errors();
+		st.backup_full_waits = backup_->full_waits();
+		st.backup_queued = backup_->queued_bytes();
+	}
 	return st;
 }
 
@@ -103,6 +115,14 @@ std::string Volume::status_text() const
 	kv("migrate_pending", std::to_string(st.migrate_pending));
 	kv("clone_aborts", std::to_string(st.clone_aborts));
 	kv("switch_us_max", std::to_string(st.switch_us_max));
+	if (backup_) {
+		kv("backup", backup_->path());
+		kv("backup_only", std::to_string(st.backup_only));
+		kv("backup_unbacked", std::to_string(st.backup_unbacked));
+		kv("backup_errors", std::to_string(st.backup_errors));
+		kv("backup_full_waits", std::to_string(st.backup_full_waits));
+		kv("backup_queued_bytes", std::to_string(st.backup_queued));
+	}
 	kv("io_requests", std::to_string(r.reads + r.writes));
 	kv("io_reads", std::to_string(r.reads));
 	kv("io_writes", std::to_string(r.writes));
@@ -143,6 +163,20 @@ std::string Volume::metrics_text() const
 		 "Live slabs with fewer valid replicas than wanted (repair pending).", st.degraded);
 	m.single("rdmaswap_volume_slabs_lost", "gauge",
 		 "Slabs with no valid replica: their reads and writes fail with EIO.", st.lost);
+	if (backup_) {
+		m.single("rdmaswap_volume_backup_only_slabs", "gauge",
+			 "Slabs with no valid replica, served by the backup file (backup=).",
+			 st.backup_only);
+		m.single("rdmaswap_volume_backup_unbacked_slabs", "gauge",
+			 "Slabs the backup file does not hold (write errors, unclean restart).",
+			 st.backup_unbacked);
+		m.single("rdmaswap_volume_backup_write_errors_total", "counter",
+			 "Writes to the backup file that failed.", st.backup_errors);
+		m.single("rdmaswap_volume_backup_full_waits_total", "counter",
+			 "Writes that waited for room in the backup queue.", st.backup_full_waits);
+		m.single("rdmaswap_volume_backup_queued_bytes", "gauge",
+			 "Bytes queued for the backup file.", st.backup_queued);
+	}
 
 	static constexpr const char *kDir[2] = {"read", "write"};
 	m.family("rdmaswap_volume_requests_total", "counter",

@@ -22,6 +22,7 @@
 
 #include <spdlog/sinks/sink.h>
 
+#include "common/backup.h"
 #include "common/auth.h"
 #include "common/config.h"
 #include "common/data_path_base.h"
@@ -78,6 +79,9 @@ struct Config {
 	std::string etcd_prefix{discovery::kDefaultPrefix}; // etcd-prefix=
 	bool etcd_prefix_set = false;
 	std::string donor_cache; // donor-cache=; default: discovery::default_cache_path()
+	std::string backup;      // backup=FILE: the disk backup tier (none by default)
+	uint64_t backup_queue = 32 << 20; // backup-queue=SIZE
+	uint64_t run_id = 0, previous_run_id = 0; // this start's and the last one's (backup.h)
 	uint64_t size = 0;
 	TransportKind transport = TransportKind::Auto;
 	unsigned channels = 16;
@@ -289,6 +293,18 @@ int rdmaswap_config(const char *key, const char *value)
 	} else if (k == "donor-cache") {
 		if (config_path(key, value, g_cfg.donor_cache) < 0)
 			return -1;
+	} else if (k == "backup") {
+		if (config_path(key, value, g_cfg.backup) < 0)
+			return -1;
+	} else if (k == "backup-queue") {
+		const int64_t s = nbdkit_parse_size(value);
+		if (s < 0)
+			return -1;
+		if (s < (1 << 20) || s > (int64_t(1) << 32)) {
+			nbdkit_error("rdmaswap: backup-queue=%s: must be between 1M and 4G", value);
+			return -1;
+		}
+		g_cfg.backup_queue = uint64_t(s);
 	} else if (k == "size") {
 		const int64_t s = nbdkit_parse_size(value);
 		if (s < 0)
@@ -454,6 +470,26 @@ int rdmaswap_config_complete()
 					       g_cfg.volume_key_path);
 	} catch (const std::exception &e) {
 		nbdkit_error("rdmaswap: volume-key=%s: %s", g_cfg.volume_key_path.c_str(), e.what());
+		return -1;
+	}
+	// This run's id, beside the volume key (one file per volume): a backup file closed
+	// cleanly is trusted only by the next run (backup.h). Written with or without backup=.
+	try {
+		uint64_t h = 1469598103934665603ull; // FNV-1a of the volume's name
+		for (unsigned char c : g_cfg.volume)
+			h = (h ^ c) * 1099511628211ull;
+		char name[32];
+		std::snprintf(name, sizeof name, ".%016llx.run", static_cast<unsigned long long>(h));
+		g_cfg.run_id = next_run_id(g_cfg.volume_key_path + name, g_cfg.previous_run_id);
+	} catch (const std::exception &e) {
+		if (!g_cfg.backup.empty()) {
+			nbdkit_error("rdmaswap: backup=%s: %s", g_cfg.backup.c_str(), e.what());
+			return -1;
+		}
+		nbdkit_debug("rdmaswap: %s", e.what());
+	}
+	if (g_cfg.backup.empty() && g_cfg.backup_queue != (32 << 20)) {
+		nbdkit_error("rdmaswap: backup-queue= needs backup=");
 		return -1;
 	}
 	// The donor cache: beside the default volume key (the state directory), whatever
@@ -657,6 +693,11 @@ int rdmaswap_after_fork()
 		vo.timeout = g_cfg.timeout;
 		vo.replicas = g_cfg.replicas;
 		vo.missing_servers = unsigned(g_servers.size() - servers.size());
+		vo.backup_path = g_cfg.backup;
+		vo.backup_volume = g_cfg.volume;
+		vo.backup_queue = g_cfg.backup_queue;
+		vo.run_id = g_cfg.run_id;
+		vo.previous_run_id = g_cfg.previous_run_id;
 		g_volume = std::make_unique<Volume>(std::move(servers), vo);
 		// Donors that did not answer now, and (etcd=) those registered later, join while
 		// the volume serves.
@@ -775,6 +816,10 @@ struct nbdkit_plugin make_plugin()
 			"statusfile=PATH     write the volume's status there every second\n"
 			"metrics-file=PATH   write its metrics there every second (Prometheus\n"
 			"                    text format, for node_exporter's textfile collector)\n"
+			"backup=FILE         also write every write to this local file; it serves\n"
+			"                    slabs no memserver holds any more (default: none)\n"
+			"backup-queue=SIZE   writes queued for the backup file at most (default\n"
+			"                    32M); when full, writes wait for the disk\n"
 			"auth-key=FILE       the cluster's shared key (required unless insecure)\n"
 			"insecure=true       memservers run with --insecure (no authentication)\n"
 			"volume=NAME         the volume's id on the memservers (default: derived\n"
