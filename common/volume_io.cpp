@@ -161,12 +161,12 @@ int Volume::write_chunk(Channel &ch, uint64_t at, uint32_t len, uint64_t *fence,
 	for (unsigned i = 0; i < n; i++)
 		if (CloneJob *job = slabs_[pieces[i].slab].clone.load())
 			job->mark(pieces[i].off, pieces[i].len);
-	// A replica that failed a write another replica took now differs from it: invalidate
-	// its donor. (If every replica failed, the range is simply unspecified, as after any
-	// failed write, and the request fails.)
+	// A replica that failed a write another replica (or the backup) took now differs from
+	// it: invalidate its donor. (If every replica failed and there is no backup, the range
+	// is simply unspecified, as after any failed write, and the request fails.)
 	for (unsigned i = 0; i < n && any_failed; i++) {
 		const Slab &s = slabs_[pieces[i].slab];
-		bool took = false;
+		bool took = backed(pieces[i].slab);
 		for (unsigned k = 0; k < s.nrep; k++)
 			took = took || ((posted[i] & (1u << k)) && !used.failed(s.rep[k].server));
 		if (!took)
@@ -270,7 +270,7 @@ int Volume::write_range(const std::byte *src, uint64_t count, uint64_t offset, b
 			// The backup gets it first: by the time any replica has it, a read that finds
 			// no valid replica and waits for the backup's queue finds it there.
 			if (backup_ && backup_->put(ch->index, at, src ? ch->buf : nullptr, len,
-						    deadline()) != 0)
+						    Clock::now() + timeout_) != 0)
 				r = EIO;
 			else
 				r = write_chunk(*ch, at, len, fence, nfence);
@@ -347,7 +347,7 @@ int Volume::zero(uint32_t count, uint64_t offset, bool fast_only)
 	auto has_data = [&](uint64_t slab) {
 		const Slab &s = slabs_[slab];
 		s.mu.lock_shared(); // holders never wait on the network exclusively
-		const bool data = s.nrep != 0;
+		const bool data = s.nrep != 0 || s.lost; // (lost: EIO, or held by the backup)
 		s.mu.unlock_shared();
 		return data;
 	};

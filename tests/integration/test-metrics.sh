@@ -90,8 +90,9 @@ except urllib.error.HTTPError as e:
 [[ $code == 404 ]] || fail "GET /other answered $code, not 404"
 
 prom="$tmpdir/volume.prom"
+# (backup= too, so that its metrics are there to check)
 start_nbdkit m -- server="$MEMSERVER_ADDR" size=32M metrics-file="$prom" \
-    statusfile="$tmpdir/volume.status"
+    statusfile="$tmpdir/volume.status" backup="$tmpdir/backup" volume-key="$tmpdir/volume.key"
 wait_until 10 "the metrics file" test -s "$prom"
 check_metrics "$prom" "the plugin's metrics-file"
 metric "$prom" rdmaswap_volume_info transport=tcp >/dev/null

@@ -775,6 +775,7 @@ check_server_stats() {   # check_server_stats tcp|rdma
 one_swap_run() {
     case "$1" in
         repkill-*) repkill_run "${1#repkill-}"; return ;;
+        backupkill-*) backupkill_run "${1#backupkill-}"; return ;;
         alloc-*) alloc_run "${1#alloc-}"; return ;;
         acct-*) acct_run "${1#acct-}"; return ;;
         reattach-*) reattach_run block "${1#reattach-}"; return ;;
@@ -939,13 +940,14 @@ repkill_run() {   # repkill_run tcp|rdma
     _t=$1
     CUR=repkill-$_t
     _r0=$(uptime_s)
-    say "===== $CUR: swap over $REP_SERVERS memservers ($_t), replicas=$REP_REPLICAS, one killed mid-run ====="
+    [ -z "${REP_BACKUP:-}" ] || CUR=backupkill-$_t
+    say "===== $CUR: swap over $REP_SERVERS memservers ($_t), replicas=$REP_REPLICAS${REP_BACKUP:+ backup=$REP_BACKUP}, one killed mid-run ====="
     : > /run/nbdkit.log
     start_memservers "$REP_SERVERS" "$_t" "$REP_CAPACITY" "$REP_SLAB"
     rm -f "$STATUSFILE"
     # shellcheck disable=SC2086
     start_nbdkit rdmaswap $_servers "size=$REP_SIZE" "transport=$_t" "replicas=$REP_REPLICAS" \
-        "statusfile=$STATUSFILE" "auth-key=$AUTH_KEY" $PLUGIN_ARGS
+        "statusfile=$STATUSFILE" "auth-key=$AUTH_KEY" ${REP_BACKUP:+"backup=$REP_BACKUP"} $PLUGIN_ARGS
     swap_on plain
 
     swapload_until_kill
@@ -979,12 +981,21 @@ repkill_run() {   # repkill_run tcp|rdma
     check_dmesg
 
     _t1=$(uptime_s)
+    if [ -n "${REP_BACKUP:-}" ]; then
+        # The only donor is gone: every slab is served by the backup file, none is lost.
+        sed "s/^/[$CUR] plugin status: /" "$STATUSFILE"
+        [ "$(status_value lost)" = 0 ] || fail "[$CUR] lost=$(status_value lost) with backup="
+        [ "$(status_value backup_only)" -gt 0 ] 2>/dev/null \
+            || fail "[$CUR] backup_only=$(status_value backup_only): the backup file served nothing"
+        [ "$(status_value backup_errors)" = 0 ] || fail "[$CUR] backup_errors=$(status_value backup_errors)"
+    else
     wait_until "$REP_WAIT" full_redundancy \
         || { sed "s/^/[$CUR] plugin status: /" "$STATUSFILE"; fail "[$CUR] not back to full redundancy within $REP_WAIT s: degraded=$(status_value degraded) lost=$(status_value lost) repaired=$(status_value repaired)"; }
     sed "s/^/[$CUR] plugin status: /" "$STATUSFILE"
     say "[$CUR] full redundancy $(elapsed "$_t1" "$(uptime_s)") s after the workload:" \
         "repaired=$(status_value repaired) repair_bytes=$(status_value repair_bytes)" \
         "server_failures=$(status_value server_failures)"
+    fi
     [ "$(status_value server_failures)" -gt 0 ] 2>/dev/null \
         || fail "[$CUR] the plugin counted no donor failure after the kill"
     _i=1
@@ -1009,6 +1020,19 @@ repkill_run() {   # repkill_run tcp|rdma
     echo "$CUR $W_SECS $W_OUT $W_IN $W_MIB" >> /run/bench.txt
     say "[$CUR] PASS: swapload $W_SECS s (whole run $(elapsed "$_r0" "$(uptime_s)") s)," \
         "pswpout +$W_OUT, pswpin +$W_IN, killed memserver $_victim mid-run"
+}
+
+# backupkill-T (issue 15): repkill-T with one memserver, replicas=1 and the plugin's disk backup
+# tier (backup= a file in the VM's /run): the only donor is killed mid-run, every page must still
+# verify (swapped-out pages are read from the file, new ones written there alone), no I/O error,
+# and the status must show them served by the file (backup_only > 0, lost=0).
+backupkill_run() {   # backupkill_run tcp|rdma
+    _saved_servers=$REP_SERVERS _saved_replicas=$REP_REPLICAS
+    REP_SERVERS=1 REP_REPLICAS=1 REP_BACKUP=/run/rdmaswap-backup.img
+    rm -f "$REP_BACKUP"
+    repkill_run "$1"
+    rm -f "$REP_BACKUP"
+    REP_BACKUP="" REP_SERVERS=$_saved_servers REP_REPLICAS=$_saved_replicas
 }
 
 # ---------------------------------------------------------------------------------------------

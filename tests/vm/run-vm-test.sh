@@ -237,6 +237,7 @@ for r in $RUNS; do
     t=$r
     case "$t" in
         repkill-rdma|repkill-tcp) has_cgroup=1; run_transports+=" ${t#repkill-}"; continue ;;
+        backupkill-rdma|backupkill-tcp) has_cgroup=1; run_transports+=" ${t#backupkill-}"; continue ;;
         alloc-rdma|alloc-tcp) has_alloc=1; run_transports+=" ${t#alloc-}"; continue ;;
         acct-rdma|acct-tcp) has_acct=1; run_transports+=" ${t#acct-}"; continue ;;
         reattach-rdma|reattach-tcp) run_transports+=" ${t#reattach-}"; continue ;;
@@ -246,7 +247,7 @@ for r in $RUNS; do
     esac
     case "$t" in pressure-*) has_pressure=1; t=${t#pressure-} ;; *) has_cgroup=1 ;; esac
     case "$t" in crypt-*) has_crypt=1; t=${t#crypt-} ;; esac
-    case "$t" in rdma|tcp|memory) run_transports+=" $t" ;; *) die "unknown swap run '$r' (want [pressure-][crypt-]rdma|tcp|memory, repkill-, alloc-, acct-, reattach-, persist-, reconnect- or soak-rdma|tcp)" ;; esac
+    case "$t" in rdma|tcp|memory) run_transports+=" $t" ;; *) die "unknown swap run '$r' (want [pressure-][crypt-]rdma|tcp|memory, repkill-, backupkill-, alloc-, acct-, reattach-, persist-, reconnect- or soak-rdma|tcp)" ;; esac
 done
 [ "$MODE" != twohost ] || has_cgroup=1
 case "$MODE" in kill|twohost) ;; *) [ -n "$RUNS" ] || die "no swap runs given" ;; esac
