@@ -1,0 +1,169 @@
+// SPDX-License-Identifier: MIT
+// Unit tests for common/backup: entries from several queues reach the file in the order they
+// were queued, reads wait for the queue, punches zero and re-trust a slab, the header refuses
+// another volume's file, and a clean close is trusted only by the next run.
+#include <catch2/catch.hpp>
+
+#include <unistd.h>
+
+#include <chrono>
+#include <cstring>
+#include <filesystem>
+#include <stdexcept>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "common/backup.h"
+
+using namespace rdmaswap;
+using namespace std::chrono_literals;
+
+namespace {
+
+struct TmpDir {
+	std::filesystem::path path;
+	TmpDir()
+	{
+		char tmpl[] = "/tmp/rdmaswap-backup-test.XXXXXX";
+		REQUIRE(mkdtemp(tmpl) != nullptr);
+		path = tmpl;
+	}
+	~TmpDir() { std::filesystem::remove_all(path); }
+};
+
+BackupOptions options(const std::string &path, uint64_t run = 1, uint64_t previous = 0)
+{
+	BackupOptions o;
+	o.path = path;
+	o.volume = "vol";
+	o.size = 4 << 20;
+	o.slab_size = 1 << 20;
+	o.chunk = 64 * 1024;
+	o.queues = 3;
+	o.queue_bytes = 1 << 20;
+	o.run_id = run;
+	o.previous_run_id = previous;
+	return o;
+}
+
+auto soon() { return std::chrono::steady_clock::now() + 5s; }
+auto all = [](uint64_t) { return true; };
+auto none = [](uint64_t) { return false; };
+
+std::vector<std::byte> fill(size_t n, int v)
+{
+	return std::vector<std::byte>(n, std::byte(v));
+}
+
+} // namespace
+
+TEST_CASE("backup: later writes win across queues; reads wait for the queue", "[backup]")
+{
+	TmpDir d;
+	Backup b(options((d.path / "f").string()));
+	b.start(true, all, none);
+	// Many rounds of the same range from alternating queues: the last one queued must win.
+	for (int round = 0; round < 200; round++) {
+		const auto data = fill(64 * 1024, round & 0xff);
+		REQUIRE(b.put(unsigned(round % 3), 1 << 20, data.data(), uint32_t(data.size()), soon()) == 0);
+	}
+	std::vector<std::byte> got(64 * 1024);
+	REQUIRE(b.read(got.data(), uint32_t(got.size()), 1 << 20, soon()) == 0);
+	CHECK(got == fill(64 * 1024, 199 & 0xff));
+	// Threads on their own queues, each writing its own range: each reads back its last.
+	std::vector<std::thread> ts;
+	for (unsigned q = 0; q < 3; q++)
+		ts.emplace_back([&, q] {
+			for (int i = 0; i < 100; i++) {
+				const auto data = fill(4096, int(q * 50 + i % 50));
+				REQUIRE(b.put(q, (2 << 20) + q * 4096, data.data(), 4096, soon()) == 0);
+			}
+		});
+	for (auto &t : ts)
+		t.join();
+	for (unsigned q = 0; q < 3; q++) {
+		std::vector<std::byte> r(4096);
+		REQUIRE(b.read(r.data(), 4096, (2 << 20) + q * 4096, soon()) == 0);
+		CHECK(r == fill(4096, int(q * 50 + 49)));
+	}
+	// Zeros (a null put) and a punch read zeros; a punched whole slab is trusted again.
+	REQUIRE(b.put(0, 1 << 20, nullptr, 4096, soon()) == 0);
+	REQUIRE(b.read(got.data(), 4096, 1 << 20, soon()) == 0);
+	CHECK(std::vector<std::byte>(got.begin(), got.begin() + 4096) == fill(4096, 0));
+	b.distrust(1);
+	CHECK(!b.trusted(1));
+	CHECK(b.untrusted_count() == 1);
+	REQUIRE(b.punch(1 << 20, 1 << 20, soon()) == 0);
+	REQUIRE(b.read(got.data(), uint32_t(got.size()), 1 << 20, soon()) == 0); // (waits for it)
+	CHECK(got == fill(64 * 1024, 0));
+	CHECK(b.trusted(1));
+	CHECK(b.write_errors() == 0);
+}
+
+TEST_CASE("backup: the header: another volume is refused; a clean close is trusted by the next run only",
+	  "[backup]")
+{
+	TmpDir d;
+	const std::string path = (d.path / "f").string();
+	{
+		Backup b(options(path, 11));
+		b.start(true, all, none);
+		const auto data = fill(4096, 7);
+		REQUIRE(b.put(0, 3 << 20, data.data(), 4096, soon()) == 0);
+		b.set_live(3, true);
+	} // clean close
+	{
+		BackupOptions o = options(path, 12, 11);
+		o.volume = "other";
+		CHECK_THROWS_WITH(Backup(o), Catch::Contains("made for volume 'vol'"));
+		o = options(path, 12, 11);
+		o.size = 8 << 20;
+		CHECK_THROWS_WITH(Backup(o), Catch::Contains("made for volume"));
+	}
+	{
+		Backup b(options(path, 12, 11)); // the next run: trusted, with its live slabs
+		CHECK(b.clean());
+		CHECK(b.live_at_close(3));
+		CHECK(!b.live_at_close(2));
+		b.start(false, all, none);
+		std::vector<std::byte> r(4096);
+		REQUIRE(b.read(r.data(), 4096, 3 << 20, soon()) == 0);
+		CHECK(r == fill(4096, 7));
+	} // closed cleanly by run 12
+	{
+		Backup b(options(path, 14, 13)); // run 13 (without backup=) came in between
+		CHECK(!b.clean());
+		// Not closed cleanly: slabs restored from donors are distrusted, empty ones zeroed.
+		b.start(false, none, [](uint64_t s) { return s != 3; });
+		CHECK(!b.trusted(3));
+		CHECK(b.trusted(2));
+	} // not clean: an untrusted slab
+	{
+		Backup b(options(path, 15, 14));
+		CHECK(!b.clean());
+	}
+	// Not a backup file at all: refused, the file left alone.
+	const std::string junk = (d.path / "junk").string();
+	{
+		FILE *f = std::fopen(junk.c_str(), "w");
+		REQUIRE(f);
+		std::fputs("precious data", f);
+		std::fclose(f);
+	}
+	CHECK_THROWS_WITH(Backup(options(junk)), Catch::Contains("not an rdmaswap backup file"));
+	CHECK(std::filesystem::file_size(junk) == 13);
+}
+
+TEST_CASE("backup: run ids: each start gets a new one and learns the last", "[backup]")
+{
+	TmpDir d;
+	const std::string path = (d.path / "run").string();
+	uint64_t prev = 99;
+	const uint64_t a = next_run_id(path, prev);
+	CHECK(prev == 0);
+	CHECK(a != 0);
+	const uint64_t b = next_run_id(path, prev);
+	CHECK(prev == a);
+	CHECK(b != a);
+}
