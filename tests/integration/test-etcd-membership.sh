@@ -10,7 +10,8 @@
 #    donor within a few seconds, well before its watch would have been opened again anyway.
 # 2. That runtime-added donor gets slabs; kill -9 of it during fio write+verify (replicas=2)
 #    loses nothing, and repair restores two copies of every slab on the other two donors.
-# 3. 2 of 3 etcd members killed during fio write+verify: 0 errors, nbdkit serves on.
+# 3. 2 of 3 etcd members killed during fio write+verify: 0 errors, nbdkit serves on, and new
+#    slabs are still placed (losing etcd is not losing the donors).
 # (A killed donor's registration disappearing within TTL + 1 s: test-etcd-register.sh.)
 set -euo pipefail
 source "$(dirname "$0")/functions.sh"
@@ -169,5 +170,7 @@ fio_verify_until_done "$killer" /dev/null "with 2 of 3 etcd members killed" "kil
 stop_etcd_member 0
 stop_etcd_member 1
 kill -0 "$NBDKIT_PID" || fail "nbdkit exited"
+# New slabs too (the region never written): etcd without a quorum retires no donor.
+fio_region fresh 40 8 write
 fio_region beforev3 24 16 verify
 log "PASS"
