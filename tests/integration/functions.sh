@@ -381,6 +381,8 @@ start_etcd_cluster() {
 
 # start_etcd_member I: (re)start member I of the cluster of start_etcd_cluster, with its data
 # directory (a restarted member keeps its data and rejoins). Sets ETCD_PIDS[I]. Does not wait.
+# Every member also gets the etcd flags of the array ETCD_EXTRA_ARGS, if the test sets it (e.g.
+# --snapshot-count 100).
 start_etcd_member() {
     local i=$1
     # Short heartbeat and election timeouts: a cluster that lost its leader recovers in about a
@@ -390,7 +392,7 @@ start_etcd_member() {
         --listen-peer-urls "${ETCD_PEER_URLS[i]}" --initial-advertise-peer-urls "${ETCD_PEER_URLS[i]}" \
         --initial-cluster "$ETCD_INITIAL_CLUSTER" --initial-cluster-state new \
         --initial-cluster-token "$ETCD_TOKEN" --heartbeat-interval 100 --election-timeout 1000 \
-        </dev/null >>"$tmpdir/etcd-$i.log" 2>&1 &
+        ${ETCD_EXTRA_ARGS[@]+"${ETCD_EXTRA_ARGS[@]}"} </dev/null >>"$tmpdir/etcd-$i.log" 2>&1 &
     ETCD_PIDS[i]=$!
     cleanup_pid "${ETCD_PIDS[i]}"
 }
