@@ -180,6 +180,7 @@ void Membership::watch_loop()
 		// Watch from now; once the stream exists, list everything (what changed before the
 		// watch began), then relist on every change. A watch that etcd cancels (e.g. one
 		// that fell behind a compaction) or that breaks is simply opened again.
+		const auto began = Clock::now();
 		auto r = watch_->client.watch_prefix(
 			prefix, 0,
 			[&](const etcd::WatchMessage &m) {
@@ -193,6 +194,15 @@ void Membership::watch_loop()
 			if (failing)
 				log->info("etcd: watching the donors again");
 			failing = false;
+			// A watch that ended well before its span was cancelled by etcd (it fell behind
+			// a compaction, or etcd refuses it): opened again after a pause, so that one
+			// etcd refuses at once is not reopened (and relisted) in a loop.
+			if (Clock::now() - began < std::chrono::seconds(1)) {
+				log->debug("etcd: the watch of the donors ended early (cancelled by etcd); "
+					   "opening it again in 1 s");
+				std::unique_lock lock(mu_);
+				cv_.wait_for(lock, std::chrono::seconds(1), [this] { return stop_; });
+			}
 			continue;
 		}
 		if (!failing)
