@@ -43,7 +43,10 @@ write_conf() {
 for bad in 'SERVERS=' 'SIZE=' 'TRANSPORT=infiniband' 'CHANNELS=0' 'TIMEOUT=x' \
     'NBD_DEVICE=/dev/sda' 'SWAP_DISCARD=always' 'SWAP_PRIORITY=high' 'SOCKET=relative.sock' \
     'REPLICAS=two' 'STATUSFILE=status.txt' 'LEASE=1w' 'LEASE=604801' 'NBD_DEAD_CONN_TIMEOUT=0' \
-    'NBD_TIMEOUT=' 'NBD_TIMEOUT=5'; do
+    'NBD_TIMEOUT=' 'NBD_TIMEOUT=5' 'BACKUP=backup.img' 'BACKUP=/srv/backup.img' \
+    'BACKUP=/run/rdmaswap/backup.img' 'BACKUP=/var/lib/rdmaswap/' 'BACKUP=/var/lib/rdmaswap/../x' \
+    'BACKUP=/var/lib/rdmaswap/volume.key' 'BACKUP_QUEUE=32M' \
+    $'BACKUP_QUEUE=lots\nBACKUP=/var/lib/rdmaswap/b.img'; do
     write_conf "$bad"
     rc=0
     "$compute" -c "$conf" check >/dev/null 2>"$tmpdir/err" || rc=$?
@@ -75,13 +78,13 @@ diff -u "$tmpdir/want.txt" "$tmpdir/check.txt" || fail "check printed other comm
 
 # Every setting of this version, and the default of an empty STATUSFILE (as in the compute.conf
 # of earlier versions).
-write_conf "STATUSFILE=" "LEASE=300" \
+write_conf "STATUSFILE=" "LEASE=300" "BACKUP=/var/lib/rdmaswap/swap/backup.img" "BACKUP_QUEUE=64M" \
     "NBD_CONNECTIONS=1" "NBD_DEAD_CONN_TIMEOUT=60" "NBD_TIMEOUT=20"
 "$compute" -c "$conf" check >"$tmpdir/check.txt" || fail "check failed on a config with every setting"
 cat >"$tmpdir/want.txt" <<WANT
 # config: $conf
 ulimit -s 1024
-nbdkit --swap -f -U $sock -t 4 $PLUGIN server=$MEMSERVER_ADDR size=64M transport=tcp channels=4 timeout=5 statusfile=/run/rdmaswap/status lease=300 auth-key=$AUTH_KEY
+nbdkit --swap -f -U $sock -t 4 $PLUGIN server=$MEMSERVER_ADDR size=64M transport=tcp channels=4 timeout=5 statusfile=/run/rdmaswap/status lease=300 backup=/var/lib/rdmaswap/swap/backup.img backup-queue=64M auth-key=$AUTH_KEY
 rdmaswap-nbd connect --socket $sock --device /dev/nbd7 --connections 1 --block-size 4096 --dead-conn-timeout 60 --timeout 20
 mkswap /dev/nbd7
 swapon --priority 5 --discard=once /dev/nbd7
