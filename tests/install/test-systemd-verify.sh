@@ -43,8 +43,17 @@ has rdmaswap-memserver.service "After=network-online.target rdma-hw.target"
 has rdmaswap-nbdkit.service "LimitMEMLOCK=infinity"
 has rdmaswap-nbdkit.service "OOMScoreAdjust=-1000"
 has rdmaswap-nbdkit.service "RuntimeDirectory=rdmaswap"
-# swapoff before nbdkit stops: the swap unit is ordered after nbdkit (so it stops first)
-# and bound to it.
-has rdmaswap-swap.service "BindsTo=rdmaswap-nbdkit.service"
+# nbdkit is restarted when it fails, and reconnects the swap device once ready.
+has rdmaswap-nbdkit.service "Restart=on-failure"
+has rdmaswap-nbdkit.service "ExecStartPost=$DEST$LIBEXECDIR/rdmaswap-compute wait-ready"
+has rdmaswap-nbdkit.service "ExecStartPost=$DEST$LIBEXECDIR/rdmaswap-compute reconnect"
+[[ $(grep '^ExecStartPost=' "$units/rdmaswap-nbdkit.service" | tail -n 1) == *" reconnect" ]] ||
+    fail "rdmaswap-nbdkit.service: reconnect is not the last ExecStartPost (after wait-ready)"
+# swapoff before nbdkit stops: the swap unit is ordered after nbdkit (so it stops first when
+# both stop). It only wants nbdkit: bound to it (BindsTo=) or requiring it (Requires=), it would
+# be stopped or restarted with nbdkit's automatic restart, swapoff against a dead nbdkit.
+has rdmaswap-swap.service "Wants=rdmaswap-nbdkit.service"
 has rdmaswap-swap.service "After=rdmaswap-nbdkit.service"
 has rdmaswap-swap.service "ExecStop=$DEST$LIBEXECDIR/rdmaswap-compute detach"
+! grep -Eq '^(BindsTo|Requires|PartOf|Requisite|PropagatesStopTo|StopPropagatedFrom)=' "$units/rdmaswap-swap.service" ||
+    fail "rdmaswap-swap.service has a dependency that nbdkit's restart would propagate to it"
