@@ -40,7 +40,8 @@ write_conf() {
 }
 
 # Bad settings: exit status 2 and a message naming the key.
-for bad in 'SERVERS=' 'SIZE=' 'TRANSPORT=infiniband' 'CHANNELS=0' 'TIMEOUT=x' \
+for bad in $'SERVERS=\nETCD=' 'ETCD=127.0.0.1:2379' 'ETCD=http://a:1,' 'ETCD_PREFIX=/x/' \
+    $'ETCD=http://127.0.0.1:2379\nETCD_PREFIX=x' 'SIZE=' 'TRANSPORT=infiniband' 'CHANNELS=0' 'TIMEOUT=x' \
     'NBD_DEVICE=/dev/sda' 'SWAP_DISCARD=always' 'SWAP_PRIORITY=high' 'SOCKET=relative.sock' \
     'REPLICAS=two' 'STATUSFILE=status.txt' 'LEASE=1w' 'LEASE=604801' 'NBD_DEAD_CONN_TIMEOUT=0' \
     'NBD_TIMEOUT=' 'NBD_TIMEOUT=5' 'BACKUP=backup.img' 'BACKUP=/srv/backup.img' \
@@ -79,12 +80,13 @@ diff -u "$tmpdir/want.txt" "$tmpdir/check.txt" || fail "check printed other comm
 # Every setting of this version, and the default of an empty STATUSFILE (as in the compute.conf
 # of earlier versions).
 write_conf "STATUSFILE=" "LEASE=300" "BACKUP=/var/lib/rdmaswap/swap/backup.img" "BACKUP_QUEUE=64M" \
-    "NBD_CONNECTIONS=1" "NBD_DEAD_CONN_TIMEOUT=60" "NBD_TIMEOUT=20"
+    "NBD_CONNECTIONS=1" "NBD_DEAD_CONN_TIMEOUT=60" "NBD_TIMEOUT=20" \
+    "ETCD=http://127.0.0.1:2379,http://127.0.0.2:2379" "ETCD_PREFIX=/site1/"
 "$compute" -c "$conf" check >"$tmpdir/check.txt" || fail "check failed on a config with every setting"
 cat >"$tmpdir/want.txt" <<WANT
 # config: $conf
 ulimit -s 1024
-nbdkit --swap -f -U $sock -t 4 $PLUGIN server=$MEMSERVER_ADDR size=64M transport=tcp channels=4 timeout=5 statusfile=/run/rdmaswap/status lease=300 backup=/var/lib/rdmaswap/swap/backup.img backup-queue=64M auth-key=$AUTH_KEY
+nbdkit --swap -f -U $sock -t 4 $PLUGIN server=$MEMSERVER_ADDR etcd=http://127.0.0.1:2379\,http://127.0.0.2:2379 etcd-prefix=/site1/ size=64M transport=tcp channels=4 timeout=5 statusfile=/run/rdmaswap/status lease=300 backup=/var/lib/rdmaswap/swap/backup.img backup-queue=64M auth-key=$AUTH_KEY
 rdmaswap-nbd connect --socket $sock --device /dev/nbd7 --connections 1 --block-size 4096 --dead-conn-timeout 60 --timeout 20
 mkswap /dev/nbd7
 swapon --priority 5 --discard=once /dev/nbd7
