@@ -339,9 +339,9 @@ int Backup::put(unsigned qi, uint64_t offset, const std::byte *data, uint32_t le
 
 int Backup::punch(uint64_t offset, uint64_t len, std::chrono::steady_clock::time_point until)
 {
-	std::unique_lock lock(punch_mu_, std::defer_lock);
-	if (!lock.try_lock_until(until))
+	if (!punch_mu_.try_lock_until(until))
 		return EIO;
+	std::unique_lock lock(punch_mu_, std::adopt_lock);
 	Queue &q = *queues_.back();
 	Entry *e = reserve(q, until);
 	if (!e)

@@ -38,6 +38,8 @@
 #include <thread>
 #include <vector>
 
+#include "common/slab_lock.h"
+
 namespace rdmaswap {
 
 struct BackupOptions {
@@ -151,7 +153,7 @@ private:
 	std::byte *region_ = nullptr; // every queue's slots
 	size_t region_len_ = 0;
 	std::vector<std::unique_ptr<Queue>> queues_; // put() queues, then punch()'s
-	std::timed_mutex punch_mu_;                  // punch()'s queue
+	TimedMutex punch_mu_;                        // punch()'s queue (slab_lock.h)
 	std::atomic<uint64_t> seq_{0};               // last sequence number handed out
 	std::atomic<uint64_t> written_{0};           // every entry up to this one is applied
 	std::atomic<uint64_t> published_{0};         // bumped at each publish (writer wakes)

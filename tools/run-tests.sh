@@ -11,7 +11,9 @@
 #                   (functions.sh preloads libtsan into nbdkit only and drops its --swap); any
 #                   TSan report fails the test.
 # To save wall time the extra build dirs are compiled at low priority while the main tests
-# run; the fuzzers run (side by side) before the sanitizer builds' tests.
+# run; the fuzzers run (side by side) before the sanitizer builds' tests. As root in CI (or with
+# RDMASWAP_TEST_DEB_INSTALL=1) the Debian packages are built there too (tools/build-debs.sh,
+# into BUILD_DIR-deb), and test-deb (suite deb) runs with them after the main tests.
 # Ends with one line "N passed, N failed, N skipped" summing every phase that ran. A phase
 # that cannot be set up or built counts as a failure.
 # Usage: tools/run-tests.sh [BUILD_DIR] [-- extra meson test args, e.g. --suite unit]
@@ -26,6 +28,7 @@ build=$(mkdir -p "$build" && cd "$build" && pwd)
 asan="$build-asan"
 fuzz="$build-fuzz"
 tsan="$build-tsan"
+debdir="$build-deb"
 extra=${RDMASWAP_EXTRA_PHASES:-1}
 "$src/tools/install-deps.sh" || exit 1
 # nbdsh is a python script that needs Debian's python3 (with python3-libnbd) first on PATH.
@@ -85,6 +88,11 @@ else
 	build_failures=$((build_failures + 1))
 	rc=1
 fi
+# test-deb's packages are built in the background phase when test-deb would install them.
+debs_bg=0
+if [ "$extra" != 0 ] && [ "$(id -u)" = 0 ] && [ -n "${CI:-}${RDMASWAP_TEST_DEB_INSTALL:-}" ]; then
+	debs_bg=1
+fi
 if [ "$extra" != 0 ]; then
 	# The extra build dirs, one after the other, at the lowest priority, in the background.
 	mkdir -p "$build/meson-logs"
@@ -95,12 +103,31 @@ if [ "$extra" != 0 ]; then
 		setup_build asan "$asan" "" "${asan_setup[@]}"
 		CXX=clang++ setup_build fuzz "$fuzz" fuzzers "${fuzz_setup[@]}"
 		setup_build tsan "$tsan" "" "${tsan_setup[@]}"
+		# The Debian packages for test-deb (which installs them only in CI or when asked,
+		# as root): built here, beside the rest, rather than by the test in the main phase.
+		if [ "$debs_bg" = 1 ]; then
+			echo "==== deb: building the packages in $debdir"
+			rm -rf "$debdir"
+			d0=$SECONDS
+			if "$src/tools/build-debs.sh" "$debdir"; then
+				touch "$debdir/.rdmaswap-built"
+				echo "==== deb: built in $((SECONDS - d0)) s"
+			else
+				echo "==== deb: build failed"
+			fi
+		fi
 	) >"$extra_log" 2>&1 &
 	extra_pid=$!
 fi
 if [ $main_built = 1 ]; then
-	run_tests main "$build" "$@" || rc=1
-	logs+=("$build/meson-logs/testlog.json")
+	if [ "$debs_bg" = 1 ]; then
+		run_tests main "$build" "$@" --no-suite deb || rc=1
+	else
+		run_tests main "$build" "$@" || rc=1
+	fi
+	# (a copy: the deb run below writes the same build dir's testlog.json)
+	cp "$build/meson-logs/testlog.json" "$build/meson-logs/testlog-main.json" 2>/dev/null
+	logs+=("$build/meson-logs/testlog-main.json")
 fi
 if [ "$extra" != 0 ]; then
 	start=$SECONDS
@@ -125,6 +152,11 @@ if [ "$extra" != 0 ]; then
 		for f in "$fuzz"/tests/fuzz/fuzz-*.log; do
 			[ -f "$f" ] && echo "$(basename "$f" .log): $(grep -E '^#[0-9]+[[:space:]]+DONE' "$f" | tail -n 1)"
 		done
+	fi
+	if [ "$debs_bg" = 1 ] && [ $main_built = 1 ] && built deb "$debdir"; then
+		RDMASWAP_DEB_DIR=$debdir run_tests deb "$build" --suite deb || rc=1
+		cp "$build/meson-logs/testlog.json" "$build/meson-logs/testlog-deb.json"
+		logs+=("$build/meson-logs/testlog-deb.json")
 	fi
 	if built asan "$asan"; then
 		run_tests asan "$asan" --suite unit --suite integration --timeout-multiplier 2 || rc=1

@@ -128,26 +128,7 @@ if [[ -n ${RDMASWAP_DEB_DIR:-} ]]; then
     done
 else
     requires command -v dh
-    # dpkg-buildpackage builds in the tree and writes the packages next to it: so in a copy of
-    # the source without .git, .cache, build dirs (build*, obj-*, any with meson-private) or
-    # tests/ (not read with -Dtests=disabled).
-    src=$tmpdir/build/rdmaswap
-    mkdir -p "$src"
-    for f in "$RDMASWAP_SOURCE"/* "$RDMASWAP_SOURCE"/.[!.]*; do
-        [[ -e $f ]] || continue
-        case $(basename "$f") in .git | .cache | tests | build* | obj-*) continue ;; esac
-        [[ -d $f/meson-private ]] && continue
-        cp -a "$f" "$src/"
-    done
-    (cd "$src" && dpkg-checkbuilddeps -Pnocheck) >"$tmpdir/build.log" 2>&1 ||
-        { cat "$tmpdir/build.log" >&2; fail "build dependencies missing (tools/install-deps.sh)"; }
-    (cd "$src" && DEB_BUILD_OPTIONS="nocheck noautodbgsym parallel=$(nproc)" \
-        timeout 1200 dpkg-buildpackage -us -uc -b -Pnocheck) >>"$tmpdir/build.log" 2>&1 ||
-        { tail -n 60 "$tmpdir/build.log" >&2; fail "dpkg-buildpackage failed"; }
-    for p in "${pkgs[@]}"; do
-        mv "$tmpdir/build/${p}_${version}_$arch.deb" "$debs/" || fail "not built: $p"
-    done
-    rm -rf "$src"
+    "$RDMASWAP_SOURCE/tools/build-debs.sh" "$debs" || fail "the packages could not be built"
     log "dpkg-buildpackage -b: $((SECONDS - start)) s"
 fi
 

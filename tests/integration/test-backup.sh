@@ -66,7 +66,8 @@ wait "$NBDKIT_PID" 2>/dev/null || true
 # The header's clean flag (a 32-bit word after the 16-byte magic and the version).
 [[ $(od -An -tu4 -j20 -N4 "$backup" | tr -d ' ') == 1 ]] ||
     { cat "$NBDKIT_LOG" >&2; fail "nbdkit did not mark the backup file clean at its exit"; }
-wait_until 10 "the memserver freed the slabs (lease=0)" test "$(ctl_get "$b_port" slabs_used)" = 0
+b_empty() { [[ $(ctl_get "$b_port" slabs_used) == 0 ]]; }
+wait_until 30 "the memserver freed the slabs (lease=0)" b_empty
 rm -f "$tmpdir/status"
 start_nbdkit b2 -- "${args[@]}" backup="$backup"
 wait_until 20 "the restarted nbdkit restored 24 slabs from the file" \
