@@ -109,6 +109,9 @@ table=$(awk '
                 d ? ratio(p99[i], p99[d]) : "-", pin[i]
         }
     }' "$tmp/rows")
+# the 100 % rows swap (almost) nothing: their spread is the host's load changing during the run
+spread=$(awk '$2 == 100 { if (!n++ || $4 < lo) lo = $4; if ($4 > hi) hi = $4 }
+    END { if (n > 1) printf "%.0f to %.0f GET/s (%.1fx)", lo, hi, hi / lo }' "$tmp/rows")
 ws=$(awk '{ printf "%s%s %.1f MiB (redis RSS %.1f MiB)", (NR > 1 ? ", " : ""), $1, $3 / 1024, $2 / 1024 }' "$tmp/ws")
 
 mkdir -p "$out_dir"
@@ -139,6 +142,14 @@ mkdir -p "$out_dir"
     echo
     echo "Ratios: \"vs 100 %\" against the same backend's 100 % row; \"vs disk\" and \"vs memory\""
     echo "against that backend's row at the same level. pswpin: pages swapped in during the level."
+    if [ -n "$spread" ]; then
+        echo
+        echo "**Noise check.** At 100 % nothing swaps, so the 100 % rows should agree; here they range"
+        echo "from $spread. Where they differ much, the host's load changed while the"
+        echo "backends ran one after the other, and only the \"vs 100 %\" columns (each backend against"
+        echo "itself, minutes apart at most) mean much; the \"vs disk\"/\"vs memory\" columns then mix in"
+        echo "the load change."
+    fi
     echo
     echo "$table"
     echo
