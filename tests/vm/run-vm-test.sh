@@ -57,6 +57,18 @@ usage: run-vm-test.sh [--mode rdma|tcp|memory|kill|pressure|twohost] [--bench] [
                     every 100 ms while netem delay, netem loss, an nftables partition,
                     SIGSTOP/SIGCONT and kill -9 + restart hit one donor after another; every
                     page verified, no I/O error, no hung task (report: RDMASWAP-VM-SOAK lines)
+                    app-B: the application table (issue 15, bench/apptable.sh): redis-server
+                    (no persistence) in a cgroup, loaded with --app-keys random values, then
+                    memory.max at each of --app-levels % of its working set and redis-benchmark
+                    GETs; B is the swap device: rdma|tcp (rdmaswap on /dev/nbd0), memory (nbdkit's
+                    memory plugin), zram (/dev/zram0) or disk (/dev/vda: a virtio disk on a
+                    sparse host file); report: RDMASWAP-VM-APP lines
+  --app-keys N      app runs: keys loaded into redis (default 65536)
+  --app-value N     app runs: bytes per value, random base64 text (default 1024)
+  --app-requests N  app runs: redis-benchmark GET requests per level (default 10000)
+  --app-clients N   app runs: redis-benchmark -c (default 4)
+  --app-levels L    app runs: memory.max levels in % of the working set (default 100,75,50)
+  --app-swap SIZE   app runs: size of the swap device (default 256M)
   --acct-seconds N  acct runs: seconds of fio per row (default 5)
   --acct-rows L     acct runs: the rows, RW:BS:QD separated by spaces (default "randread:4k:1
                     randwrite:4k:1 randread:4k:32 randwrite:4k:32 randread:32k:8")
@@ -119,6 +131,12 @@ REC_SKIP=0
 ALLOC_REQUESTS=100000
 ACCT_SECONDS=5
 ACCT_ROWS=""
+APP_KEYS=65536
+APP_VALUE=1024
+APP_REQUESTS=10000
+APP_CLIENTS=4
+APP_LEVELS=100,75,50
+APP_SWAP=256M
 SOAK_SECONDS=120
 SOAK_SEED=""
 SOAK_PLUGIN_TIMEOUT=3
@@ -169,6 +187,12 @@ while [ $# -gt 0 ]; do
         --alloc-requests) ALLOC_REQUESTS=${2:?}; shift ;;
         --acct-seconds) ACCT_SECONDS=${2:?}; shift ;;
         --acct-rows) ACCT_ROWS=${2:?}; shift ;;
+        --app-keys) APP_KEYS=${2:?}; shift ;;
+        --app-value) APP_VALUE=${2:?}; shift ;;
+        --app-requests) APP_REQUESTS=${2:?}; shift ;;
+        --app-clients) APP_CLIENTS=${2:?}; shift ;;
+        --app-levels) APP_LEVELS=${2:?}; shift ;;
+        --app-swap) APP_SWAP=${2:?}; shift ;;
         --soak-seconds) SOAK_SECONDS=${2:?}; shift ;;
         --soak-seed) SOAK_SEED=${2:?}; shift ;;
         --soak-timeout) SOAK_PLUGIN_TIMEOUT=${2:?}; shift ;;
@@ -232,6 +256,7 @@ if [ -n "$EXTRA_RUNS" ]; then
 fi
 RUNS=$(xargs <<< "$RUNS")   # trim
 has_pressure=0 has_cgroup=0 has_crypt=0 has_alloc=0 has_reconnect=0 has_soak=0 has_acct=0
+has_app=0 has_zram=0 has_disk=0
 run_transports=""
 for r in $RUNS; do
     t=$r
@@ -244,10 +269,14 @@ for r in $RUNS; do
         persist-rdma|persist-tcp) has_cgroup=1; run_transports+=" ${t#persist-}"; continue ;;
         reconnect-rdma|reconnect-tcp) has_cgroup=1; has_reconnect=1; run_transports+=" ${t#reconnect-}"; continue ;;
         soak-rdma|soak-tcp) has_soak=$((has_soak + 1)); run_transports+=" ${t#soak-}"; continue ;;
+        app-rdma|app-tcp) has_app=1; run_transports+=" ${t#app-}"; continue ;;
+        app-memory) has_app=1; continue ;;
+        app-zram) has_app=1; has_zram=1; continue ;;
+        app-disk) has_app=1; has_disk=1; continue ;;
     esac
     case "$t" in pressure-*) has_pressure=1; t=${t#pressure-} ;; *) has_cgroup=1 ;; esac
     case "$t" in crypt-*) has_crypt=1; t=${t#crypt-} ;; esac
-    case "$t" in rdma|tcp|memory) run_transports+=" $t" ;; *) die "unknown swap run '$r' (want [pressure-][crypt-]rdma|tcp|memory, repkill-, backupkill-, alloc-, acct-, reattach-, persist-, reconnect- or soak-rdma|tcp)" ;; esac
+    case "$t" in rdma|tcp|memory) run_transports+=" $t" ;; *) die "unknown swap run '$r' (want [pressure-][crypt-]rdma|tcp|memory, repkill-, backupkill-, alloc-, acct-, reattach-, persist-, reconnect- or soak-rdma|tcp, or app-rdma|tcp|memory|zram|disk)" ;; esac
 done
 [ "$MODE" != twohost ] || has_cgroup=1
 case "$MODE" in kill|twohost) ;; *) [ -n "$RUNS" ] || die "no swap runs given" ;; esac
@@ -275,6 +304,11 @@ for v in MIB PASSES CONNS TIMEOUT MEM SMP PRESSURE_EXTRA REPLICAS ALLOC_REQUESTS
         SOAK_PLUGIN_TIMEOUT SOAK_MIB ACCT_SECONDS; do
     is_uint "${!v}" && [ "${!v}" -gt 0 ] || die "--${v,,} needs a positive integer"
 done
+for v in APP_KEYS APP_VALUE APP_REQUESTS APP_CLIENTS; do
+    is_uint "${!v}" && [ "${!v}" -gt 0 ] || die "--$(tr '_A-Z' '-a-z' <<< "$v") needs a positive integer"
+done
+[[ "$APP_LEVELS" =~ ^[0-9]+(,[0-9]+)*$ ]] || die "--app-levels needs percentages separated by commas, e.g. 100,75,50"
+[[ "$APP_SWAP" =~ ^[0-9]+[MG]$ ]] || die "--app-swap needs a size like 256M or 1G"
 [ "$SOAK_MIB" -ge 48 ] || die "--soak-mib must be at least 48 (the soak's cgroup has memory.max=32M)"
 for r in $ACCT_ROWS; do
     [[ "$r" =~ ^(randread|randwrite|read|write):[0-9]+[kKmM]?:[0-9]+$ ]] \
@@ -343,6 +377,13 @@ if [ "$has_soak" != 0 ]; then
 fi
 FIO=""
 [ "$has_acct" = 0 ] || FIO=$(need_cmd fio fio)
+REDIS_SERVER="" REDIS_CLI="" REDIS_BENCHMARK=""
+if [ "$has_app" = 1 ]; then
+    REDIS_SERVER=$(need_cmd redis-server redis-server)
+    REDIS_CLI=$(need_cmd redis-cli redis-tools)
+    REDIS_BENCHMARK=$(need_cmd redis-benchmark redis-tools)
+    need_cmd python3 python3 > /dev/null
+fi
 CRYPTSETUP=""
 if [ "$has_crypt" = 1 ]; then
     CRYPTSETUP=$(need_cmd cryptsetup cryptsetup-bin)
@@ -548,6 +589,24 @@ done
 [ -z "$CHRT" ] || add_elf "$CHRT" /usr/bin/chrt   # the injector runs real-time
 # acct runs: fio (its nbd engine is built in; its libraries are ~80 MiB, so only then)
 [ -z "$FIO" ] || add_elf "$FIO" /usr/bin/fio
+# app runs: redis, and the data set as redis protocol for redis-cli --pipe: APP_KEYS SETs of
+# key:%012d (redis-benchmark -r's key names) to APP_VALUE bytes of random base64 text
+# (6 bits of entropy per byte, so that zram cannot store it for nothing; fixed seed)
+if [ "$has_app" = 1 ]; then
+    add_elf "$REDIS_SERVER" /usr/bin/redis-server
+    add_elf "$REDIS_CLI" /usr/bin/redis-cli
+    add_elf "$REDIS_BENCHMARK" /usr/bin/redis-benchmark
+    python3 - "$APP_KEYS" "$APP_VALUE" > "$ROOT/etc/rdmaswap-vm/app-load.resp" <<'PY'
+import base64, random, sys
+keys, size = int(sys.argv[1]), int(sys.argv[2])
+rnd = random.Random(15)
+out = sys.stdout.buffer
+for i in range(keys):
+    k = b"key:%012d" % i
+    v = base64.b64encode(rnd.randbytes(size * 3 // 4 + 3))[:size]
+    out.write(b"*3\r\n$3\r\nSET\r\n$%d\r\n%s\r\n$%d\r\n%s\r\n" % (len(k), k, len(v), v))
+PY
+fi
 
 # the project's binaries
 [ -x "$B_SWAPLOAD" ] && add_elf "$B_SWAPLOAD" /usr/local/bin/swapload
@@ -588,6 +647,8 @@ mods="crc32_generic nbd veth ib_uverbs rdma_ucm rdma_rxe"
 [ "$MODE" != twohost ] || mods+=" virtio_pci virtio_net"
 [ "$has_crypt" = 0 ] || mods+=" dm-crypt xts"
 [ "$has_soak" = 0 ] || mods+=" bridge sch_netem nf_tables"
+[ "$has_zram" = 0 ] || mods+=" zram"
+[ "$has_disk" = 0 ] || mods+=" virtio_pci virtio_blk"
 optmods=""
 [ "$has_crypt" = 0 ] || optmods="aesni_intel"
 for m in $mods $optmods; do
@@ -645,6 +706,11 @@ SOAK_PLUGIN_TIMEOUT=$SOAK_PLUGIN_TIMEOUT
 SOAK_MIB=$SOAK_MIB
 ACCT_SECONDS=$ACCT_SECONDS
 ${ACCT_ROWS:+ACCT_ROWS="$ACCT_ROWS"}
+APP_KEYS=$APP_KEYS
+APP_REQUESTS=$APP_REQUESTS
+APP_CLIENTS=$APP_CLIENTS
+APP_LEVELS="${APP_LEVELS//,/ }"
+APP_SWAP=$APP_SWAP
 EOF
 printf 'root:x:0:0:root:/root:/bin/sh\n' > "$ROOT/etc/passwd"
 printf 'root:x:0:\n' > "$ROOT/etc/group"
@@ -748,7 +814,14 @@ if [ "$MODE" = twohost ]; then
         VM_RC[client]=noboot
     fi
 else
-    start_vm vm ""
+    # app-disk runs: a virtio disk on a sparse file in the temp dir, /dev/vda in the guest
+    # (qemu's default cache=writeback: the host's page cache is in front of it)
+    vm_extra=()
+    if [ "$has_disk" = 1 ]; then
+        truncate -s "$APP_SWAP" "$WORK/appdisk.img"
+        vm_extra=(-drive "file=$WORK/appdisk.img,if=virtio,format=raw")
+    fi
+    start_vm vm "" "${vm_extra[@]}"
 fi
 if [ "$VERBOSE" = 1 ]; then
     # follow the last VM to finish (twohost: the server, which waits for the client)
@@ -811,6 +884,7 @@ for n in "${VM_NAMES[@]}"; do
         grep -a '^RDMASWAP-VM-BENCH:' "$WORK/console-$n.txt" | sed 's/^RDMASWAP-VM-BENCH: //' || true
         grep -a '^RDMASWAP-VM-SOAK:' "$WORK/console-$n.txt" | sed 's/^RDMASWAP-VM-SOAK: /soak: /' || true
         grep -a '^RDMASWAP-VM-ACCT:' "$WORK/console-$n.txt" | sed 's/^RDMASWAP-VM-ACCT: /acct: /' || true
+        grep -a '^RDMASWAP-VM-APP:' "$WORK/console-$n.txt" | sed 's/^RDMASWAP-VM-APP: /app: /' || true
     else
         failed+=("$label$VERDICT")
         if [ "$VERBOSE" != 1 ]; then
