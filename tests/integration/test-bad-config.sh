@@ -61,7 +61,8 @@ fi
 
 # busy-poll= is decided once at start and logged (nbdkit -v); with it on, the data still flows.
 start_nbdkit spin -v -- "$good" size=16M volume=spin busy-poll=on
-grep -q 'busy-poll=on: on' "$NBDKIT_LOG" || fail "busy-poll=on: the choice is not logged"
+# (Logged by after_fork, which may still run when the socket and pid file exist.)
+wait_until 10 "busy-poll=on: the choice logged" grep -q 'busy-poll=on: on' "$NBDKIT_LOG"
 nbdsh_run -u "$NBDKIT_URI" -c 'b = bytes(range(256)) * 1024; h.pwrite(b, 4096); assert h.pread(len(b), 4096) == b'
 
 expect_fail 'bogus'                 "$good" size=16M bogus=1
