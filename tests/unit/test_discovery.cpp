@@ -90,6 +90,42 @@ TEST_CASE("discovery: what the memserver registers is parsed back", "[discovery]
 			  why));
 }
 
+TEST_CASE("discovery: \"sessions\" is optional, and checked when present", "[discovery]")
+{
+	const std::string key = "/rdmaswap/donors/h:7471";
+	// As a memserver before "sessions" registered itself: 0.
+	const std::string old = R"({"addr":"h:7471","boot_id":"00000000000000ff","transport":"tcp",)"
+				R"("slab_size":1048576,"slabs_total":8,"slabs_free":8,"auth":true})";
+	auto with = [&](nlohmann::json v) {
+		auto j = nlohmann::json::parse(old);
+		j["sessions"] = v;
+		return j.dump();
+	};
+	std::string why;
+	auto d = parse_donor("/rdmaswap/", key, old, why);
+	REQUIRE(d);
+	CHECK(d->sessions == 0);
+	CHECK(why.empty());
+	d = parse_donor("/rdmaswap/", key, with(0), why);
+	REQUIRE(d);
+	CHECK(d->sessions == 0);
+	d = parse_donor("/rdmaswap/", key, with(7), why);
+	REQUIRE(d);
+	CHECK(d->sessions == 7);
+	d = parse_donor("/rdmaswap/", key, with(0xffffffffull), why);
+	REQUIRE(d);
+	CHECK(d->sessions == 0xffffffffu);
+	for (const nlohmann::json &bad :
+	     {nlohmann::json(-1), nlohmann::json("3"), nlohmann::json(1ull << 32), nlohmann::json(1.5),
+	      nlohmann::json(nullptr), nlohmann::json(true), nlohmann::json::array({1})}) {
+		why.clear();
+		const std::string value = with(bad);
+		INFO(value);
+		CHECK_FALSE(parse_donor("/rdmaswap/", key, value, why));
+		CHECK(why.find("\"sessions\" is not an integer 0..4294967295") != std::string::npos);
+	}
+}
+
 TEST_CASE("discovery: a malformed or incomplete entry is refused, saying why", "[discovery]")
 {
 	const std::string key = "/rdmaswap/donors/h:7471";
