@@ -66,7 +66,8 @@ TEST_CASE("discovery: what the memserver registers is parsed back", "[discovery]
 	for (const char *adv : {"10.0.0.7:7471", "[fd00::7]:7000", "donor-3.example:1"}) {
 		const RegistryOptions o = registry(adv);
 		std::string why;
-		auto d = parse_donor("/rdmaswap/", registry_key(o), registry_value(o, 60), why);
+		auto d = parse_donor("/rdmaswap/", registry_key(o),
+				     registry_value(o, {.slabs_free = 60, .sessions = 5}), why);
 		INFO(adv << ": " << why);
 		REQUIRE(d);
 		CHECK(d->addr.str() == adv);
@@ -75,14 +76,16 @@ TEST_CASE("discovery: what the memserver registers is parsed back", "[discovery]
 		CHECK(d->slab_size == 256u << 20);
 		CHECK(d->slabs_total == 64);
 		CHECK(d->slabs_free == 60);
+		CHECK(d->sessions == 5);
 		CHECK(d->auth);
 	}
 	// Another prefix: the key must be under it.
 	RegistryOptions o = registry("10.0.0.7:7471");
 	o.prefix = "/other/";
 	std::string why;
-	CHECK(parse_donor("/other/", registry_key(o), registry_value(o, 1), why));
-	CHECK_FALSE(parse_donor("/rdmaswap/", registry_key(o), registry_value(o, 1), why));
+	CHECK(parse_donor("/other/", registry_key(o), registry_value(o, {.slabs_free = 1}), why));
+	CHECK_FALSE(
+		parse_donor("/rdmaswap/", registry_key(o), registry_value(o, {.slabs_free = 1}), why));
 	// Unknown fields are ignored (a later memserver may publish more).
 	CHECK(parse_donor("/rdmaswap/", "/rdmaswap/donors/h:1",
 			  R"({"addr":"h:1","boot_id":"0000000000000001","transport":"rdma",)"
