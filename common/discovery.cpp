@@ -36,11 +36,15 @@ std::optional<Endpoint> parse_addr(std::string_view s)
 	return ep;
 }
 
-// An unsigned integer field of `o` that fits `max`; false if absent or of another type.
-bool get_uint(const json &o, const char *name, uint64_t max, uint64_t &out, std::string &why)
+// An unsigned integer field of `o` that fits `max`; false if of another type, or if absent
+// unless `optional` (then `out` is left as it is).
+bool get_uint(const json &o, const char *name, uint64_t max, uint64_t &out, std::string &why,
+	      bool optional = false)
 {
 	const auto it = o.find(name);
 	if (it == o.end()) {
+		if (optional)
+			return true;
 		why = fmt::format("no \"{}\"", name);
 		return false;
 	}
@@ -125,10 +129,12 @@ std::optional<Donor> parse_donor(std::string_view prefix, std::string_view key,
 		return std::nullopt;
 	}
 	d.transport = *transport;
-	uint64_t total = 0, free = 0;
+	uint64_t total = 0, free = 0, sessions = 0;
 	constexpr uint64_t u32 = std::numeric_limits<uint32_t>::max();
 	if (!get_uint(o, "slab_size", std::numeric_limits<uint64_t>::max(), d.slab_size, why) ||
-	    !get_uint(o, "slabs_total", u32, total, why) || !get_uint(o, "slabs_free", u32, free, why))
+	    !get_uint(o, "slabs_total", u32, total, why) ||
+	    !get_uint(o, "slabs_free", u32, free, why) ||
+	    !get_uint(o, "sessions", u32, sessions, why, true))
 		return std::nullopt;
 	if (free > total) {
 		why = fmt::format("\"slabs_free\" {} exceeds \"slabs_total\" {}", free, total);
@@ -136,6 +142,7 @@ std::optional<Donor> parse_donor(std::string_view prefix, std::string_view key,
 	}
 	d.slabs_total = uint32_t(total);
 	d.slabs_free = uint32_t(free);
+	d.sessions = uint32_t(sessions);
 	const auto auth = o.find("auth");
 	if (auth == o.end() || !auth->is_boolean()) {
 		why = auth == o.end() ? "no \"auth\"" : "\"auth\" is not a boolean";

@@ -19,15 +19,17 @@ namespace rdmaswap::discovery {
 inline constexpr std::string_view kDefaultPrefix = "/rdmaswap/";
 
 // One registered donor: the key `<prefix>donors/<addr>` and its JSON value
-// {"addr","boot_id","transport","slab_size","slabs_total","slabs_free","auth"}. Only `addr` is
-// used now; the rest are hints (etcd is discovery only: a donor still proves itself with the
-// cluster key when the plugin connects).
+// {"addr","boot_id","transport","slab_size","slabs_total","slabs_free","sessions","auth"}
+// ("sessions" is optional: memservers before it do not publish it). Only `addr` is used now;
+// the rest are hints (etcd is discovery only: a donor still proves itself with the cluster key
+// when the plugin connects).
 struct Donor {
 	Endpoint addr;
 	uint64_t boot_id = 0;
 	std::string transport; // "tcp", "rdma" or "auto"
 	uint64_t slab_size = 0;
 	uint32_t slabs_total = 0, slabs_free = 0;
+	uint32_t sessions = 0; // its client sessions, attached or detached (0 if not published)
 	bool auth = true;
 };
 
@@ -35,10 +37,11 @@ struct Donor {
 std::string donors_prefix(std::string_view prefix);
 
 // Parse the entry `key` = `value` listed under donors_prefix(`prefix`). nullopt, with `why`
-// set, if the value is not a JSON object with every field above of the right type (addr a
-// HOST:PORT with an explicit port 1..65535, boot_id 16 hex digits and not 0, transport one of
-// the three names, the counts non-negative integers that fit, slabs_free <= slabs_total, auth a
-// boolean), or if `key` is not donors_prefix(prefix) + addr exactly. Unknown fields are ignored.
+// set, if the value is not a JSON object with every field above (but "sessions", which may be
+// absent: 0) of the right type (addr a HOST:PORT with an explicit port 1..65535, boot_id 16 hex
+// digits and not 0, transport one of the three names, the counts and sessions non-negative
+// integers that fit, slabs_free <= slabs_total, auth a boolean), or if `key` is not
+// donors_prefix(prefix) + addr exactly. Unknown fields are ignored.
 std::optional<Donor> parse_donor(std::string_view prefix, std::string_view key,
 				 std::string_view value, std::string &why);
 

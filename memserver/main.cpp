@@ -231,7 +231,7 @@ int main(int argc, char **argv)
 	try {
 		Memserver server(opts);
 		g_server = &server;
-		std::unique_ptr<Registry> registry; // before `server` goes: it reads its pool
+		std::unique_ptr<Registry> registry; // before `server` goes: it reads its counts
 		if (!reg.endpoints.empty()) {
 			reg.transport = opts.transport == TransportKind::Auto && !server.rdma_enabled()
 						? "tcp"
@@ -240,8 +240,9 @@ int main(int argc, char **argv)
 			reg.slab_size = server.slab_size();
 			reg.slabs_total = server.slabs_total();
 			reg.boot_id = make_boot_id();
-			registry = std::make_unique<Registry>(
-				reg, [&server] { return server.slabs_free(); });
+			registry = std::make_unique<Registry>(reg, [&server] {
+				return RegistryHints{server.slabs_free(), server.sessions()};
+			});
 		}
 		server.run();
 		if (registry)

@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: MIT
-// The registry thread of registry.h: lease, put, keepalive, re-put on a change of free slabs,
-// retries with backoff while etcd is away, deregistration at a clean stop.
+// The registry thread of registry.h: lease, put, keepalive, re-put on a change of free slabs or
+// sessions, retries with backoff while etcd is away, deregistration at a clean stop.
 #include "memserver/registry.h"
 
 #include <algorithm>
@@ -30,20 +30,21 @@ std::string registry_key(const RegistryOptions &o)
 	return o.prefix + "donors/" + o.advertise;
 }
 
-std::string registry_value(const RegistryOptions &o, uint32_t slabs_free)
+std::string registry_value(const RegistryOptions &o, const RegistryHints &h)
 {
 	return nlohmann::json{{"addr", o.advertise},
 			      {"boot_id", fmt::format("{:016x}", o.boot_id)},
 			      {"transport", o.transport},
 			      {"slab_size", o.slab_size},
 			      {"slabs_total", o.slabs_total},
-			      {"slabs_free", slabs_free},
+			      {"slabs_free", h.slabs_free},
+			      {"sessions", h.sessions},
 			      {"auth", o.auth}}
 		.dump();
 }
 
-Registry::Registry(RegistryOptions opts, std::function<uint32_t()> slabs_free)
-	: opts_(std::move(opts)), key_(registry_key(opts_)), slabs_free_(std::move(slabs_free)),
+Registry::Registry(RegistryOptions opts, std::function<RegistryHints()> hints)
+	: opts_(std::move(opts)), key_(registry_key(opts_)), hints_(std::move(hints)),
 	  client_(etcd::ClientOptions{opts_.endpoints, opts_.timeout,
 				      std::min(opts_.timeout, milliseconds(1000))})
 {
@@ -87,18 +88,23 @@ void Registry::run()
 	bool need_put = true;   // the value in etcd is missing or stale
 	bool registered = false; // our key is (as far as we know) in etcd under `lease`
 	bool outage = false;    // warned about etcd being away; an info when it is back
-	uint32_t published = 0; // slabs_free in the value last put
+	RegistryHints published; // in the value last put
 	Clock::time_point last_put{}, next_keepalive{};
 	milliseconds backoff = backoff_min;
 	log->info("etcd: registering {} (boot id {:016x}) at {}", key_, opts_.boot_id,
 		  fmt::join(opts_.endpoints, ","));
 	for (;;) {
 		const auto now = Clock::now();
-		const uint32_t free = slabs_free_();
-		const uint32_t diff = free > published ? free - published : published - free;
-		if (registered && diff && uint64_t(diff) * 20 >= opts_.slabs_total &&
-		    now - last_put >= opts_.min_update)
-			need_put = true; // changed by >= 5 % of the total: a hint, not a truth
+		const RegistryHints hints = hints_();
+		const uint32_t free = hints.slabs_free;
+		const uint32_t diff = free > published.slabs_free ? free - published.slabs_free
+								  : published.slabs_free - free;
+		// Free slabs changed by >= 5 % of the total, or sessions at all (there are few):
+		// hints, not truths.
+		const bool moved = (diff && uint64_t(diff) * 20 >= opts_.slabs_total) ||
+				   hints.sessions != published.sessions;
+		if (registered && moved && now - last_put >= opts_.min_update)
+			need_put = true;
 		std::string why;
 		if (lease == 0) {
 			if (auto g = client_.lease_grant(opts_.ttl.count())) {
@@ -110,14 +116,15 @@ void Registry::run()
 			}
 		}
 		if (why.empty() && need_put) {
-			auto p = client_.put(key_, registry_value(opts_, free), lease);
+			auto p = client_.put(key_, registry_value(opts_, hints), lease);
 			if (p) {
 				need_put = false;
-				published = free;
+				published = hints;
 				last_put = now;
 				if (outage || !registered)
-					log->info("etcd: registered {} ({} of {} slabs free)", key_, free,
-						  opts_.slabs_total);
+					log->info("etcd: registered {} ({} of {} slabs free, {} "
+						  "sessions)",
+						  key_, free, opts_.slabs_total, hints.sessions);
 				registered = true;
 				outage = false;
 				backoff = backoff_min;

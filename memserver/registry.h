@@ -1,6 +1,7 @@
 // SPDX-License-Identifier: MIT
 // --etcd: the memserver's registration in etcd, kept by a background thread of its own (a key
-// under a lease, kept alive; free capacity published as a hint; removed on a clean stop).
+// under a lease, kept alive; free capacity and client sessions published as hints; removed on a
+// clean stop).
 #pragma once
 
 #include <chrono>
@@ -27,25 +28,33 @@ struct RegistryOptions {
 	uint64_t boot_id = 0; // random per start: a new one tells clients the slabs are gone
 	std::chrono::seconds ttl{10};                 // the lease's TTL
 	std::chrono::milliseconds keepalive{3000};    // keepalive period
-	std::chrono::milliseconds poll{500};          // how often free slabs are looked at
+	std::chrono::milliseconds poll{500};          // how often the hints are looked at
 	std::chrono::milliseconds min_update{2000};   // re-puts at most this often
 	std::chrono::milliseconds backoff_max{5000};  // retry period cap while etcd is away
 	std::chrono::milliseconds timeout{2000};      // each etcd request, per endpoint
 	std::chrono::milliseconds stop_bound{2000};   // the deregistration at stop
 };
 
+// What the value says that changes while the memserver runs: hints for the clients' choice of
+// donors, never promises (an ALLOC still decides).
+struct RegistryHints {
+	uint32_t slabs_free = 0;
+	uint32_t sessions = 0; // client sessions, attached or detached (STATS sessions=)
+};
+
 // A random 64-bit boot id (never 0).
 uint64_t make_boot_id();
 // The key and the JSON value the memserver registers (tests/unit/test_etcd.cpp reads them).
 std::string registry_key(const RegistryOptions &o);
-std::string registry_value(const RegistryOptions &o, uint32_t slabs_free);
+std::string registry_value(const RegistryOptions &o, const RegistryHints &h);
 
 class Registry {
 public:
-	// Starts the registry thread. `slabs_free` is called on that thread only (every `poll`);
-	// it must not block on anything the data path holds. Throws only if the etcd client
-	// cannot be made (libcurl).
-	Registry(RegistryOptions opts, std::function<uint32_t()> slabs_free);
+	// Starts the registry thread. `hints` is called on that thread only (every `poll`); it
+	// must not block on anything the data path holds. The value is put again when slabs_free
+	// moved by 5 % of slabs_total or more, or sessions changed at all, at most every
+	// `min_update`. Throws only if the etcd client cannot be made (libcurl).
+	Registry(RegistryOptions opts, std::function<RegistryHints()> hints);
 	~Registry(); // stop()
 	Registry(const Registry &) = delete;
 	Registry &operator=(const Registry &) = delete;
@@ -62,7 +71,7 @@ private:
 
 	const RegistryOptions opts_;
 	const std::string key_;
-	std::function<uint32_t()> slabs_free_;
+	std::function<RegistryHints()> hints_;
 	etcd::Client client_;
 	std::mutex mu_;
 	std::condition_variable cv_;

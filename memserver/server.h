@@ -139,11 +139,12 @@ public:
 	bool rdma_enabled() const { return rdma_ != nullptr; }
 	// Takes no lock (it may be called from any thread, e.g. the metrics endpoint's).
 	MemserverSnapshot snapshot() const;
-	// The pool's shape and its free slabs, for the etcd registry. Take no lock (the free
-	// count as SlabPool last published it).
+	// The pool's shape, its free slabs and the client sessions, for the etcd registry. Take
+	// no lock (the counts as SlabPool and SessionTable last published them).
 	uint64_t slab_size() const { return pool_.slab_size(); }
 	uint32_t slabs_total() const { return pool_.slabs_total(); }
 	uint32_t slabs_free() const { return pool_.counts().free; }
+	uint32_t sessions() const { return sessions_.counts().sessions; }
 	proto::StatsReply stats() const;
 	// snapshot() in the Prometheus text format (rdmaswap_memserver_* families;
 	// docs/metrics.md). Takes no lock; allocates.

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # SPDX-License-Identifier: MIT
 # A memserver with --etcd registers itself in a real 3-member etcd (loopback): the key holds its
-# address, slab counts and a boot id; the free slabs it publishes drop after a client allocates;
+# address, slab counts and a boot id; the free slabs it publishes drop after a client allocates,
+# the sessions it publishes follow a client's session (1 while it is open, 0 once it left);
 # kill -9 removes the key within the lease's TTL + 1 s, SIGTERM at once; with 2 of 3 members down
 # (no quorum) and with all down at its start, it serves on and registers once etcd is back.
 set -euo pipefail
@@ -39,6 +40,7 @@ field() {
     value "$1" | "$PYTHON" -c 'import json, sys; print(json.dumps(json.load(sys.stdin)[sys.argv[1]]))' "$2"
 }
 published_free() { [[ $(field "$1" slabs_free) == "$2" ]]; }
+published_sessions() { [[ $(field "$1" sessions) == "$2" ]]; }
 now() { date +%s.%N; }
 elapsed() { "$PYTHON" -c 'import sys; print("%.2f" % (float(sys.argv[2]) - float(sys.argv[1])))' "$1" "$2"; }
 etcd_args=(--etcd "$ETCD_ENDPOINTS" --advertise @ADDR@ --etcd-prefix "$prefix")
@@ -58,7 +60,7 @@ timeout 30 "$check" "$ETCD_ENDPOINTS" compacted "${prefix}watch2/" $((rev + 1)) 
 
 # 1. Registration: the key under the prefix, read with etcdctl, with a lease.
 start_memserver 64M 1M "${etcd_args[@]}"
-a=$MEMSERVER_ADDR a_pid=$MEMSERVER_PID a_log=$MEMSERVER_LOG
+a=$MEMSERVER_ADDR a_pid=$MEMSERVER_PID a_log=$MEMSERVER_LOG a_port=$MEMSERVER_PORT
 wait_until 10 "registration of $a" registered "$a"
 v=$(value "$a")
 log "registered: $v"
@@ -68,6 +70,7 @@ listed=$(timeout 30 "$check" "$ETCD_ENDPOINTS" list "${prefix}donors/") || fail 
 [[ $(field "$a" slabs_total) == 64 ]] || fail "slabs_total in $v is not 64"
 [[ $(field "$a" slabs_free) == 64 ]] || fail "slabs_free in $v is not 64"
 [[ $(field "$a" slab_size) == $((1 << 20)) ]] || fail "slab_size in $v is not 1 MiB"
+[[ $(field "$a" sessions) == 0 ]] || fail "sessions in $v is not 0"
 [[ $(field "$a" transport) == '"tcp"' ]] || fail "transport in $v is not tcp"
 [[ $(field "$a" auth) == true ]] || fail "auth in $v is not true"
 [[ $(field "$a" boot_id) =~ ^\"[0-9a-f]{16}\"$ ]] || fail "boot_id in $v is not 16 hex digits"
@@ -78,8 +81,14 @@ ttl_left=$(ectl lease timetolive "$(printf %x "$lease")" | sed -n 's/.*remaining
 log "lease $(printf %x "$lease"): ${ttl_left}s left"
 ((ttl_left > 0 && ttl_left <= ttl)) || fail "lease TTL left is '$ttl_left', expected 1..$ttl"
 
-# 2. A client allocates 16 of the 64 slabs: the published slabs_free drops within a few seconds.
-start_nbdkit a -- server="$a" size=32M timeout=5
+# 2. A client opens a session: the published sessions is 1 (as STATS says) within 3 s (the
+# registry re-puts at most every 2 s and looks every 0.5 s). It allocates 16 of the 64 slabs: the
+# published slabs_free drops within a few seconds.
+start_nbdkit a -- server="$a" size=32M timeout=5 lease=0
+t0=$(now)
+wait_until 4 "sessions of $a published as 1" published_sessions "$a" 1
+log "sessions 0 -> 1 published after $(elapsed "$t0" "$(now)") s (after nbdkit was ready)"
+[[ $(ctl_get "$a_port" sessions) == 1 ]] || fail "STATS of $a does not say sessions=1"
 nbdsh_run -u "$NBDKIT_URI" -c '
 import os
 data = os.urandom(16 << 20)
@@ -92,6 +101,12 @@ wait_until 6 "slabs_free of $a published as 48" published_free "$a" 48
 log "slabs_free 64 -> 48 published after $(elapsed "$t0" "$(now)") s (after the write)"
 kill "$NBDKIT_PID"
 wait "$NBDKIT_PID" 2>/dev/null || true
+# The client left (lease=0: its session ended with its connection rather than staying detached,
+# which would still count): sessions goes back to 0.
+t0=$(now)
+wait_until 4 "sessions of $a published as 0 after the client left" published_sessions "$a" 0
+log "sessions 1 -> 0 published $(elapsed "$t0" "$(now)") s after nbdkit exited"
+[[ $(ctl_get "$a_port" sessions) == 0 ]] || fail "STATS of $a does not say sessions=0"
 
 # 3. SIGTERM: the key is gone when the process has exited (deregistered before it exits).
 kill -TERM "$a_pid"

@@ -66,7 +66,8 @@ TEST_CASE("discovery: what the memserver registers is parsed back", "[discovery]
 	for (const char *adv : {"10.0.0.7:7471", "[fd00::7]:7000", "donor-3.example:1"}) {
 		const RegistryOptions o = registry(adv);
 		std::string why;
-		auto d = parse_donor("/rdmaswap/", registry_key(o), registry_value(o, 60), why);
+		auto d = parse_donor("/rdmaswap/", registry_key(o),
+				     registry_value(o, {.slabs_free = 60, .sessions = 5}), why);
 		INFO(adv << ": " << why);
 		REQUIRE(d);
 		CHECK(d->addr.str() == adv);
@@ -75,19 +76,57 @@ TEST_CASE("discovery: what the memserver registers is parsed back", "[discovery]
 		CHECK(d->slab_size == 256u << 20);
 		CHECK(d->slabs_total == 64);
 		CHECK(d->slabs_free == 60);
+		CHECK(d->sessions == 5);
 		CHECK(d->auth);
 	}
 	// Another prefix: the key must be under it.
 	RegistryOptions o = registry("10.0.0.7:7471");
 	o.prefix = "/other/";
 	std::string why;
-	CHECK(parse_donor("/other/", registry_key(o), registry_value(o, 1), why));
-	CHECK_FALSE(parse_donor("/rdmaswap/", registry_key(o), registry_value(o, 1), why));
+	CHECK(parse_donor("/other/", registry_key(o), registry_value(o, {.slabs_free = 1}), why));
+	CHECK_FALSE(
+		parse_donor("/rdmaswap/", registry_key(o), registry_value(o, {.slabs_free = 1}), why));
 	// Unknown fields are ignored (a later memserver may publish more).
 	CHECK(parse_donor("/rdmaswap/", "/rdmaswap/donors/h:1",
 			  R"({"addr":"h:1","boot_id":"0000000000000001","transport":"rdma",)"
 			  R"("slab_size":1,"slabs_total":0,"slabs_free":0,"auth":false,"zone":"b"})",
 			  why));
+}
+
+TEST_CASE("discovery: \"sessions\" is optional, and checked when present", "[discovery]")
+{
+	const std::string key = "/rdmaswap/donors/h:7471";
+	// As a memserver before "sessions" registered itself: 0.
+	const std::string old = R"({"addr":"h:7471","boot_id":"00000000000000ff","transport":"tcp",)"
+				R"("slab_size":1048576,"slabs_total":8,"slabs_free":8,"auth":true})";
+	auto with = [&](nlohmann::json v) {
+		auto j = nlohmann::json::parse(old);
+		j["sessions"] = v;
+		return j.dump();
+	};
+	std::string why;
+	auto d = parse_donor("/rdmaswap/", key, old, why);
+	REQUIRE(d);
+	CHECK(d->sessions == 0);
+	CHECK(why.empty());
+	d = parse_donor("/rdmaswap/", key, with(0), why);
+	REQUIRE(d);
+	CHECK(d->sessions == 0);
+	d = parse_donor("/rdmaswap/", key, with(7), why);
+	REQUIRE(d);
+	CHECK(d->sessions == 7);
+	d = parse_donor("/rdmaswap/", key, with(0xffffffffull), why);
+	REQUIRE(d);
+	CHECK(d->sessions == 0xffffffffu);
+	for (const nlohmann::json &bad :
+	     {nlohmann::json(-1), nlohmann::json("3"), nlohmann::json(1ull << 32), nlohmann::json(1.5),
+	      nlohmann::json(nullptr), nlohmann::json(true), nlohmann::json::array({1})}) {
+		why.clear();
+		const std::string value = with(bad);
+		INFO(value);
+		CHECK_FALSE(parse_donor("/rdmaswap/", key, value, why));
+		CHECK(why.find("\"sessions\" is not an integer 0..4294967295") != std::string::npos);
+	}
 }
 
 TEST_CASE("discovery: a malformed or incomplete entry is refused, saying why", "[discovery]")
