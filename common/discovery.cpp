@@ -3,15 +3,8 @@
 // and cached in a file.
 #include "common/discovery.h"
 
-#include <fcntl.h>
-#include <sys/stat.h>
-#include <unistd.h>
-
 #include <algorithm>
-#include <cerrno>
-#include <cstring>
 #include <limits>
-#include <random>
 #include <stdexcept>
 
 #include <fmt/format.h>
@@ -165,16 +158,18 @@ std::vector<Endpoint> merge(std::span<const Endpoint> servers, std::span<const E
 	return out;
 }
 
-std::string cache_text(std::string_view prefix, std::span<const Endpoint> donors)
+std::string donor_document_text(std::string_view field, std::string_view value,
+				std::span<const Endpoint> donors)
 {
 	json list = json::array();
 	for (const auto &d : donors)
 		list.push_back(d.str());
-	return json{{"version", 1}, {"prefix", prefix}, {"donors", list}}.dump() + "\n";
+	return json{{"version", 1}, {field, value}, {"donors", list}}.dump() + "\n";
 }
 
-std::optional<std::vector<Endpoint>> parse_cache(std::string_view text, std::string_view prefix,
-						 std::string &why)
+std::optional<std::vector<Endpoint>> parse_donor_document(std::string_view text,
+							  const char *field, std::string &value,
+							  std::string &why)
 {
 	const json o = json::parse(text, nullptr, false);
 	if (o.is_discarded() || !o.is_object()) {
@@ -186,13 +181,10 @@ std::optional<std::vector<Endpoint>> parse_cache(std::string_view text, std::str
 		why = "not version 1";
 		return std::nullopt;
 	}
-	const std::string *p = get_string(o, "prefix", why);
-	if (!p)
+	const std::string *v = get_string(o, field, why);
+	if (!v)
 		return std::nullopt;
-	if (*p != prefix) {
-		why = fmt::format("written for etcd-prefix={}, not {}", *p, prefix);
-		return std::nullopt;
-	}
+	value = *v;
 	const auto list = o.find("donors");
 	if (list == o.end() || !list->is_array()) {
 		why = "no \"donors\" list";
@@ -212,71 +204,59 @@ std::optional<std::vector<Endpoint>> parse_cache(std::string_view text, std::str
 	return out;
 }
 
+std::string cache_text(std::string_view prefix, std::span<const Endpoint> donors)
+{
+	return donor_document_text("prefix", prefix, donors);
+}
+
+std::optional<std::vector<Endpoint>> parse_cache(std::string_view text, std::string_view prefix,
+						 std::string &why)
+{
+	std::string p;
+	auto donors = parse_donor_document(text, "prefix", p, why);
+	if (donors && p != prefix) {
+		why = fmt::format("written for etcd-prefix={}, not {}", p, prefix);
+		return std::nullopt;
+	}
+	return donors;
+}
+
+void write_donor_file(const std::string &path, std::string_view what, std::string_view text)
+{
+	if (std::string err = replace_private_file(path, text); !err.empty())
+		throw std::runtime_error(
+			fmt::format("cannot write the {} {}: {}", what, path, err));
+}
+
+std::optional<std::vector<Endpoint>> read_donor_file(const std::string &path, std::string_view what,
+						     const DocumentParser &parse)
+{
+	std::optional<std::string> text;
+	std::string why = read_small_file(path, kMaxStateFile, text);
+	std::optional<std::vector<Endpoint>> donors;
+	if (text)
+		donors = parse(*text, why); // sets `why` only when it refuses
+	if (!why.empty())
+		throw std::runtime_error(fmt::format("{} {}: {}", what, path, why));
+	return donors;
+}
+
 void write_cache(const std::string &path, std::string_view prefix, std::span<const Endpoint> donors)
 {
-	const std::string text = cache_text(prefix, donors);
-	std::random_device rd;
-	const std::string tmp = fmt::format("{}.tmp-{}-{:08x}", path, ::getpid(), rd());
-	std::string err = write_private_file(tmp, text);
-	if (err.empty() && ::rename(tmp.c_str(), path.c_str()) != 0) {
-		err = std::string("rename: ") + std::strerror(errno);
-		::unlink(tmp.c_str());
-	}
-	if (!err.empty()) {
-		throw std::runtime_error(
-			fmt::format("cannot write the donor cache {}: {}", path, err));
-	}
+	write_donor_file(path, "donor cache", cache_text(prefix, donors));
 }
 
 std::optional<std::vector<Endpoint>> read_cache(const std::string &path, std::string_view prefix)
 {
-	const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK);
-	if (fd < 0 && errno == ENOENT)
-		return std::nullopt;
-	auto failed = [&](const std::string &why) {
-		return std::runtime_error(fmt::format("donor cache {}: {}", path, why));
-	};
-	if (fd < 0)
-		throw failed(std::strerror(errno));
-	struct Closer {
-		int fd;
-		~Closer() { ::close(fd); }
-	} closer{fd};
-	struct stat st {};
-	if (::fstat(fd, &st) != 0)
-		throw failed(std::string("fstat: ") + std::strerror(errno));
-	constexpr off_t kMax = 1 << 20;
-	if (!S_ISREG(st.st_mode))
-		throw failed("not a regular file");
-	if (st.st_size > kMax)
-		throw failed("larger than 1 MiB");
-	std::string text(size_t(st.st_size), '\0');
-	size_t done = 0;
-	while (done < text.size()) {
-		const ssize_t r = ::read(fd, text.data() + done, text.size() - done);
-		if (r < 0 && errno == EINTR)
-			continue;
-		if (r < 0)
-			throw failed(std::string("read: ") + std::strerror(errno));
-		if (r == 0)
-			break;
-		done += size_t(r);
-	}
-	text.resize(done);
-	std::string why;
-	auto donors = parse_cache(text, prefix, why);
-	if (!donors)
-		throw failed(why);
-	return donors;
+	return read_donor_file(path, "donor cache", [&](std::string_view text, std::string &why) {
+		return parse_cache(text, prefix, why);
+	});
 }
 
-std::string default_cache_path(std::string_view default_key_path, std::string_view volume)
+std::string escape_name(std::string_view name)
 {
-	const size_t slash = default_key_path.rfind('/');
-	std::string out = slash == std::string_view::npos
-				  ? std::string()
-				  : std::string(default_key_path.substr(0, slash + 1));
-	for (unsigned char c : volume) {
+	std::string out;
+	for (unsigned char c : name) {
 		const bool plain = (c >= 'A' && c <= 'Z') || (c >= 'a' && c <= 'z') ||
 				   (c >= '0' && c <= '9') || c == '.' || c == '_' || c == '-';
 		if (plain)
@@ -284,7 +264,29 @@ std::string default_cache_path(std::string_view default_key_path, std::string_vi
 		else
 			out += fmt::format("%{:02X}", c);
 	}
-	return out + ".donors";
+	return out;
+}
+
+std::string state_file_path(std::string_view default_key_path, std::string_view volume,
+			    std::string_view suffix)
+{
+	const size_t slash = default_key_path.rfind('/');
+	std::string out = slash == std::string_view::npos
+				  ? std::string()
+				  : std::string(default_key_path.substr(0, slash + 1));
+	return out + escape_name(volume) + std::string(suffix);
+}
+
+std::string default_cache_path(std::string_view default_key_path, std::string_view volume)
+{
+	return state_file_path(default_key_path, volume, ".donors");
+}
+
+etcd::ClientOptions client_options(const ListOptions &opts)
+{
+	using std::chrono::milliseconds;
+	return {opts.endpoints, std::min(opts.timeout, milliseconds(2000)),
+		std::min(opts.timeout, milliseconds(1000))};
 }
 
 std::optional<Listing> list_donors(const ListOptions &opts, std::string &why)
@@ -292,8 +294,7 @@ std::optional<Listing> list_donors(const ListOptions &opts, std::string &why)
 	using namespace std::chrono;
 	const auto deadline = steady_clock::now() + opts.timeout;
 	try {
-		etcd::Client client({opts.endpoints, std::min(opts.timeout, milliseconds(2000)),
-				     std::min(opts.timeout, milliseconds(1000))});
+		etcd::Client client(client_options(opts));
 		const std::string dir = donors_prefix(opts.prefix);
 		auto r = client.get_prefix(dir, deadline);
 		if (!r) {

@@ -6,6 +6,7 @@
 
 #include <chrono>
 #include <cstdint>
+#include <functional>
 #include <optional>
 #include <span>
 #include <string>
@@ -13,6 +14,7 @@
 #include <vector>
 
 #include "common/config.h"
+#include "common/etcd.h"
 
 namespace rdmaswap::discovery {
 
@@ -54,27 +56,62 @@ std::vector<Endpoint> merge(std::span<const Endpoint> servers, std::span<const E
 // JSON: {"version":1,"prefix":"/rdmaswap/","donors":["HOST:PORT",...]}: the donors of the last
 // listing that gave at least one (not the server= entries).
 
+// The document {"version":1,"<field>":"<value>","donors":["HOST:PORT",...]} with `donors` in
+// their order: the cache's (field "prefix") and the holders record's (common/holders.h, field
+// "volume").
+std::string donor_document_text(std::string_view field, std::string_view value,
+				std::span<const Endpoint> donors);
+// Its donors in their order, and the string `field` in `value`. nullopt, with `why` set, if
+// `text` is not a JSON object with "version" 1, the string `field` and a "donors" list of
+// HOST:PORT strings with an explicit port (1..65535). Unknown fields are ignored.
+std::optional<std::vector<Endpoint>> parse_donor_document(std::string_view text,
+							  const char *field, std::string &value,
+							  std::string &why);
+
+// Write such a document `text` to `path` whole and durably (replace_private_file,
+// common/private_file.h: a temporary file in the same directory, mode 0600, fsync'd, renamed
+// over `path`, the directory fsync'd). The directory must exist. Throws std::runtime_error
+// "cannot write the WHAT PATH: ..." (the temporary file is removed).
+void write_donor_file(const std::string &path, std::string_view what, std::string_view text);
+// The donors `parse` finds in the file `path`, or nullopt if it does not exist. Throws
+// std::runtime_error "WHAT PATH: ..." if it cannot be read (read_small_file: a symbolic link,
+// not a regular file, larger than kMaxStateFile = 1 MiB, an I/O error) or `parse` refuses it
+// (returns nullopt and sets its `why`).
+using DocumentParser = std::function<std::optional<std::vector<Endpoint>>(std::string_view text,
+									 std::string &why)>;
+std::optional<std::vector<Endpoint>> read_donor_file(const std::string &path, std::string_view what,
+						     const DocumentParser &parse);
+
 std::string cache_text(std::string_view prefix, std::span<const Endpoint> donors);
 // nullopt, with `why` set, if `text` is not such a document (version other than 1, an entry
 // that is not a HOST:PORT with a port, a prefix other than `prefix`).
 std::optional<std::vector<Endpoint>> parse_cache(std::string_view text, std::string_view prefix,
 						 std::string &why);
 
-// Write the cache to `path` whole: a temporary file in the same directory (mode 0600, fsync'd)
-// renamed over `path`, so a reader never sees half a file. The directory must exist. Throws
-// std::runtime_error naming the path and what failed (the temporary file is removed).
+// Write the cache to `path` with write_donor_file: whole and durably, mode 0600, so a reader
+// never sees half a file. The directory must exist. Throws std::runtime_error naming the path
+// and what failed (the temporary file is removed).
 void write_cache(const std::string &path, std::string_view prefix,
 		 std::span<const Endpoint> donors);
-// The cached donors, or nullopt if `path` does not exist. Throws std::runtime_error naming the
-// path if it cannot be read (not a regular file, larger than 1 MiB, an I/O error) or
-// parse_cache refuses it.
+// The cached donors, or nullopt if `path` does not exist (read_donor_file). Throws
+// std::runtime_error naming the path if it cannot be read (a symbolic link, not a regular
+// file, larger than 1 MiB, an I/O error) or parse_cache refuses it.
 std::optional<std::vector<Endpoint>> read_cache(const std::string &path, std::string_view prefix);
 
-// Where the cache of `volume` lives when donor-cache= is not given: `<dir>/<volume>.donors`,
-// where <dir> is the directory of `default_key_path` (the plugin passes
-// default_volume_key_path(), common/volume_key.h: systemd's StateDirectory=, /var/lib/rdmaswap
-// for root, else the XDG state directory), and every byte of the volume name other than
-// [A-Za-z0-9._-] is written %XX (so "a/b" gives "a%2Fb.donors").
+// `name` with every byte other than [A-Za-z0-9._-] written %XX (upper-case hex): "a/b c%" gives
+// "a%2Fb%20c%25". Distinct names give distinct results, none contains '/'; used for file names
+// and etcd key components made of a volume name.
+std::string escape_name(std::string_view name);
+
+// A state file of `volume` beside the volume key: `<dir>/<escape_name(volume)><suffix>`, where
+// <dir> is the directory of `default_key_path` (the plugin passes default_volume_key_path(),
+// common/volume_key.h: systemd's StateDirectory=, /var/lib/rdmaswap for root, else the XDG
+// state directory).
+std::string state_file_path(std::string_view default_key_path, std::string_view volume,
+			    std::string_view suffix);
+
+// Where the cache of `volume` lives when donor-cache= is not given:
+// state_file_path(default_key_path, volume, ".donors") (so "a/b" gives "<dir>/a%2Fb.donors").
 std::string default_cache_path(std::string_view default_key_path, std::string_view volume);
 
 // ---- The listing ----
@@ -87,6 +124,10 @@ struct ListOptions {
 	// leaves time for the others.
 	std::chrono::milliseconds timeout{10000};
 };
+
+// The etcd client options of `opts`: each attempt within min(timeout, 2 s), its connect within
+// min(timeout, 1 s). The caller bounds the whole call with a deadline of now + opts.timeout.
+etcd::ClientOptions client_options(const ListOptions &opts);
 
 struct Listing {
 	std::vector<Donor> donors; // the valid entries, in key order

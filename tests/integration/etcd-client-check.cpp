@@ -1,14 +1,18 @@
 // SPDX-License-Identifier: MIT
 // Drives common/etcd's Client against a real etcd for test-etcd-register.sh: list a prefix, a
-// watch that sees a put and a delete, a watch from a compacted revision. Exit 0: as expected.
+// watch that sees a put and a delete, a watch from a compacted revision; and common/holders'
+// record in etcd for test-etcd-holders.sh. Exit 0: as expected.
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include "common/etcd.h"
+#include "common/holders.h"
 
+using namespace rdmaswap;
 using namespace rdmaswap::etcd;
 using namespace std::chrono_literals;
 
@@ -18,7 +22,8 @@ int usage()
 {
 	std::fprintf(stderr, "usage: etcd-client-check ENDPOINTS list PREFIX\n"
 			     "       etcd-client-check ENDPOINTS watch PREFIX\n"
-			     "       etcd-client-check ENDPOINTS compacted PREFIX REVISION\n");
+			     "       etcd-client-check ENDPOINTS compacted PREFIX REVISION\n"
+			     "       etcd-client-check ENDPOINTS holders PREFIX\n");
 	return 2;
 }
 
@@ -105,6 +110,50 @@ int compacted(Client &c, const std::string &prefix, int64_t rev)
 	return 0;
 }
 
+// The holders record of a volume under PREFIX: absent at first; put, then read back as put
+// (sorted, no duplicates), also an empty one; another volume's record, or a value that is not
+// a record, at the key: a failure naming the key. Each call within the 3 s bound. Leaves the
+// record of "vol/1" as {h1:1, h2:2} for the script to read with etcdctl.
+int holders_check(Client &c, const std::vector<std::string> &endpoints, const std::string &prefix)
+{
+	discovery::ListOptions o;
+	o.endpoints = endpoints;
+	o.prefix = prefix;
+	o.timeout = 3s;
+	using Status = holders::EtcdRecord::Status;
+	const std::string volume = "vol/1", key = holders::etcd_key(prefix, volume);
+	auto got = holders::get_etcd(o, volume);
+	if (got.status != Status::Absent)
+		return fail("get_etcd before any put: not Absent: " + got.why);
+	const std::vector<Endpoint> none, donors{{"h2", 2}, {"h1", 1}, {"h2", 2}};
+	for (const auto *put : {&none, &donors}) {
+		if (auto why = holders::put_etcd(o, volume, *put); !why.empty())
+			return fail("put_etcd: " + why);
+		got = holders::get_etcd(o, volume);
+		if (got.status != Status::Found)
+			return fail("get_etcd after put_etcd: not Found: " + got.why);
+		const std::size_t want = put->empty() ? 0 : 2;
+		if (got.donors.size() != want ||
+		    (want && (got.donors[0].str() != "h1:1" || got.donors[1].str() != "h2:2")))
+			return fail("get_etcd gave " + std::to_string(got.donors.size()) +
+				    " donors, not as put");
+	}
+	// Refused records: another volume's at this key, and junk.
+	const std::string other = "/other-holders/";
+	for (const char *bad : {R"({"version":1,"volume":"vol/2","donors":[]})", "junk"}) {
+		if (auto p = c.put(holders::etcd_key(other, volume), bad); !p)
+			return fail("put: " + p.error);
+		o.prefix = other;
+		got = holders::get_etcd(o, volume);
+		if (got.status != Status::Failed ||
+		    got.why.find(holders::etcd_key(other, volume)) == std::string::npos)
+			return fail(std::string("get_etcd of a refused record (") + bad +
+				    "): not Failed naming the key: " + got.why);
+	}
+	std::printf("holders: absent, put and read back, refused records fail (%s)\n", key.c_str());
+	return 0;
+}
+
 } // namespace
 
 int main(int argc, char **argv)
@@ -123,6 +172,8 @@ int main(int argc, char **argv)
 		Client writer({*eps});
 		return watch(c, writer, prefix);
 	}
+	if (mode == "holders")
+		return holders_check(c, *eps, prefix);
 	if (mode == "compacted" && argc == 5)
 		return compacted(c, prefix, std::strtoll(argv[4], nullptr, 10));
 	return usage();

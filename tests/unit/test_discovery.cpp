@@ -20,9 +20,12 @@
 #include "common/protocol.h"
 #include "common/reattach.h"
 #include "memserver/registry.h"
+#include "state_file_helpers.h"
 
 using namespace rdmaswap;
 using namespace rdmaswap::discovery;
+using rdmaswap::test::strs;
+using rdmaswap::test::TempDir;
 
 namespace {
 
@@ -38,26 +41,6 @@ RegistryOptions registry(const std::string &advertise)
 	o.boot_id = 0x00ab0000000000cdULL;
 	return o;
 }
-
-std::vector<std::string> strs(const std::vector<Endpoint> &eps)
-{
-	std::vector<std::string> out;
-	for (const auto &e : eps)
-		out.push_back(e.str());
-	return out;
-}
-
-// A fresh directory under $TMPDIR, removed at the end of the test.
-struct TempDir {
-	std::filesystem::path path;
-	TempDir()
-	{
-		std::string t = std::filesystem::temp_directory_path() / "rdmaswap-disc.XXXXXX";
-		REQUIRE(::mkdtemp(t.data()));
-		path = t;
-	}
-	~TempDir() { std::filesystem::remove_all(path); }
-};
 
 } // namespace
 
