@@ -18,6 +18,7 @@ struct Endpoint {
 	std::string host;
 	uint16_t port = 0;
 	std::string str() const; // "host:port", IPv6 hosts in brackets
+	bool operator==(const Endpoint &) const = default; // the same host string and port
 };
 
 inline constexpr uint16_t kDefaultPort = 7471;

@@ -37,6 +37,7 @@ Volume::Volume(std::vector<std::unique_ptr<Server>> servers, const VolumeOptions
 		throw std::runtime_error("at most " + std::to_string(opts.max_servers) +
 					 " memservers");
 	max_servers_ = opts.max_servers;
+	start_holders_ = opts.start_holders;
 	servers_ = std::make_unique<std::unique_ptr<Server>[]>(max_servers_);
 	const size_t nstart = servers.size();
 	for (size_t i = 0; i < nstart; i++)
@@ -152,7 +153,8 @@ void Volume::recover(unsigned missing)
 	const size_t nserv = servers();
 	for (size_t i = 0; i < nserv; i++) {
 		if (!servers_[i]->reattached()) {
-			missing++;
+			if (i < start_holders_)
+				missing++; // it may have held slabs of ours, and handed nothing back
 			continue;
 		}
 		reattached++;
@@ -246,11 +248,21 @@ size_t Volume::add_server(std::unique_ptr<Server> server)
 	if (server->bound() != tagged_)
 		throw std::runtime_error("memserver " + server->name() +
 					 (tagged_ ? " is not bound to the volume" : " is bound to a volume"));
-	if (server->reattached())
-		throw std::runtime_error(
-			"memserver " + server->name() +
-			" kept slabs of this volume from an earlier run: they are taken over only when "
-			"nbdkit starts (restart it to use them); not used meanwhile");
+	if (server->reattached()) {
+		// What it kept is taken over only at start (the reattach plan needs every donor's
+		// slabs and floors at once). A session kept with nothing in it (a donor contacted
+		// at start and left unused: common/membership.h) is fine to use.
+		std::vector<proto::VolumeEntry> sl, fl;
+		const int err = server->list_volume(sl, fl);
+		if (err || !sl.empty() || !fl.empty())
+			throw std::runtime_error(
+				"memserver " + server->name() +
+				(err ? ": cannot list what it kept for this volume: " +
+					       std::string(std::strerror(err))
+				     : " kept slabs of this volume from an earlier run: they are taken "
+				       "over only when nbdkit starts (restart it to use them); not used "
+				       "meanwhile"));
+	}
 	// The paths first (network waits, no lock of the data path held), then the server
 	// becomes visible. A channel's slot for `i` is read only by whoever learnt `i` after the
 	// release store below.
@@ -267,6 +279,7 @@ size_t Volume::add_server(std::unique_ptr<Server> server)
 	sstate_[i].used.store(0);
 	sstate_[i].placing.store(0);
 	sstate_[i].retired.store(false);
+	sstate_[i].outside.store(false);
 	servers_[i] = std::move(server);
 	nservers_.store(i + 1, std::memory_order_release);
 	logger("volume")->info("memserver {} added: {} donors now", servers_[i]->name(), i + 1);
@@ -281,6 +294,14 @@ void Volume::set_retired(size_t i, bool retired)
 	logger("volume")->info("memserver {} {}", servers_[i]->name(),
 			       retired ? "retired: it gets no new slabs; its replicas serve on"
 				       : "no longer retired: it may get new slabs");
+}
+
+void Volume::set_outside(size_t i, bool outside)
+{
+	if (i >= servers() || sstate_[i].outside.exchange(outside) == outside)
+		return;
+	logger("volume")->debug("memserver {} {} the donor set", servers_[i]->name(),
+				outside ? "left" : "joined");
 }
 
 void Volume::donor_restarted(size_t i)

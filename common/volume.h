@@ -71,6 +71,11 @@ struct VolumeOptions {
 	// Servers of the volume that are not among `servers` (unreachable at start). Reattach
 	// counts them as missing (reattach.h).
 	unsigned missing_servers = 0;
+	// Of the servers given at start, the first `start_holders` may hold slabs of the volume
+	// (a reattach counts those that hand nothing back as missing); the rest are known to
+	// hold none (donors that are not in the volume's holders record: fresh members of its
+	// donor set), so handing nothing back is expected of them. Default: all may.
+	size_t start_holders = SIZE_MAX;
 	// Donors the volume can ever use, those at start and those added later (add_server()):
 	// every per-donor table (states, each channel's data paths) is allocated for this many
 	// at construction, so that the data path never allocates. 1..kMaxServers.
@@ -130,7 +135,8 @@ struct VolumeReport {
 	struct Donor {
 		std::string name;   // host:port
 		// "ok", "failed" (cooling down), "lost" (session gone), "retired" (no new slabs:
-		// its registration vanished, add_server's caller said so)
+		// its registration vanished, add_server's caller said so), "outside" (not in the
+		// donor set: new slabs only when no member has room)
 		const char *state;
 		uint32_t slabs = 0; // slabs of this volume there
 		uint32_t generation = 0;
@@ -199,6 +205,28 @@ public:
 	// The donor's slabs are gone (a new boot id): none of its replicas is read again, and
 	// repair starts at once. It also gets no new slabs (retired).
 	void donor_restarted(size_t i);
+	// A donor outside the volume's donor set (Membership, spread=): placement chooses it
+	// only when no donor inside the set (alive, not retired, with room) is left, and then
+	// calls the need-donor hook. Its replicas serve on. New donors start inside.
+	void set_outside(size_t i, bool outside);
+	bool outside(size_t i) const { return sstate_[i].outside.load(); }
+	// Slabs of this volume on donor i, counting ALLOCs in flight: 0 means none is there.
+	uint32_t holds(size_t i) const { return sstate_[i].used.load() + sstate_[i].placing.load(); }
+	// Called (on whichever thread places a slab: an nbdkit worker or the repair thread,
+	// with no lock held) when no donor inside the set could take a replica: `fn(arg)` must
+	// only wake someone (Membership::wake), never wait or allocate. Set once before the
+	// volume serves, or later: the pair is published atomically; null: none.
+	struct NeedDonorHook {
+		void (*fn)(void *) = nullptr;
+		void *arg = nullptr;
+	};
+	void set_need_donor_hook(const NeedDonorHook *hook)
+	{
+		need_donor_.store(hook, std::memory_order_release);
+	}
+	// The hook's owner finished a pass over the donors (it may have added or changed some):
+	// wakes allocations waiting for a donor with room (grant()).
+	void donors_changed();
 
 private:
 	using Clock = std::chrono::steady_clock;
@@ -252,6 +280,7 @@ private:
 		// threads placing at once do not all pick the donor that looked emptiest.
 		std::atomic<uint32_t> placing{0};
 		std::atomic<bool> retired{false}; // set_retired(): no new slabs
+		std::atomic<bool> outside{false}; // set_outside(): not in the donor set
 	};
 	struct Channel {
 		TimedMutex mu;
@@ -410,6 +439,7 @@ private:
 	std::unique_ptr<std::unique_ptr<Server>[]> servers_;
 	std::atomic<size_t> nservers_{0};
 	size_t max_servers_ = 0;
+	size_t start_holders_ = SIZE_MAX; // VolumeOptions::start_holders (recover())
 	std::mutex add_mu_; // add_server() calls, one at a time
 	std::unique_ptr<ServerState[]> sstate_;
 	const uint64_t size_;
@@ -429,6 +459,15 @@ private:
 	std::mutex place_mu_;  // placement (rng, load snapshot): allocation path only
 	std::minstd_rand rng_;
 	std::unique_ptr<DonorLoad[]> place_loads_; // max_servers_, under place_mu_
+	std::atomic<const NeedDonorHook *> need_donor_{nullptr};
+	void need_donor(); // call the hook, if any
+	// An allocation that found no donor with room, with a need-donor hook set, waits once
+	// (up to `timeout`) for the hook's owner to finish a pass: `seen` is donors_epoch_ as
+	// read before placing. False if the wait ran out.
+	bool wait_for_donors(uint64_t seen);
+	std::mutex donors_mu_;
+	std::condition_variable donors_cv_;
+	std::atomic<uint64_t> donors_epoch_{0};
 	// Throws std::runtime_error unless `s` can serve this volume (slab size, max_io).
 	void check_fits(const Server &s) const;
 

@@ -23,33 +23,66 @@ bool Volume::lock_maint(Slab &s, Clock::time_point until)
 
 unsigned Volume::place(unsigned want, std::span<const uint16_t> exclude, uint16_t *out)
 {
-	std::lock_guard lock(place_mu_); // the rng and the load table; held for no network call
-	DonorLoad *loads = place_loads_.get();
-	const size_t nserv = servers();
-	const int64_t now = now_ns();
-	auto fill = [&](bool allow_down) {
-		for (size_t i = 0; i < nserv; i++) {
-			const ServerInfo &info = servers_[i]->info();
-			const uint32_t free = servers_[i]->slabs_free();
-			uint32_t used = info.slabs_total - std::min(free, info.slabs_total);
-			// ALLOCs in flight add load; they never make a donor with a free slab
-			// ineligible (they may fail, and its free count says what it has).
-			if (used < info.slabs_total)
-				used = std::min(used + sstate_[i].placing.load(), info.slabs_total - 1);
-			loads[i] = DonorLoad{used, info.slabs_total,
-					     servers_[i]->session_alive() && !sstate_[i].retired.load() &&
-						     (allow_down || now >= sstate_[i].down_until.load())};
+	unsigned n = 0;
+	bool asked = false; // no donor inside the set could take it: wake membership
+	{
+		std::lock_guard lock(place_mu_); // the rng and the load table; held for no network call
+		DonorLoad *loads = place_loads_.get();
+		const size_t nserv = servers();
+		const int64_t now = now_ns();
+		// Pass 1: donors inside the set, not cooling down; 2: cooling down too (every donor
+		// with room recently failed: try them rather than give up); 3: outside the set too
+		// (the set's members are full or gone and membership has not replaced them yet).
+		auto fill = [&](bool allow_down, bool allow_outside) {
+			for (size_t i = 0; i < nserv; i++) {
+				const ServerInfo &info = servers_[i]->info();
+				const uint32_t free = servers_[i]->slabs_free();
+				uint32_t used = info.slabs_total - std::min(free, info.slabs_total);
+				// ALLOCs in flight add load; they never make a donor with a free slab
+				// ineligible (they may fail, and its free count says what it has).
+				if (used < info.slabs_total)
+					used = std::min(used + sstate_[i].placing.load(), info.slabs_total - 1);
+				loads[i] = DonorLoad{
+					used, info.slabs_total,
+					servers_[i]->session_alive() && !sstate_[i].retired.load() &&
+						(allow_outside || !sstate_[i].outside.load()) &&
+						(allow_down || now >= sstate_[i].down_until.load())};
+			}
+		};
+		for (int pass = 0; pass < 3 && n == 0; pass++) {
+			fill(pass >= 1, pass >= 2);
+			n = place_slab(std::span(loads, nserv), want, exclude, rng_, out);
+			asked = asked || (pass == 1 && n == 0);
 		}
-	};
-	fill(false);
-	unsigned n = place_slab(std::span(loads, nserv), want, exclude, rng_, out);
-	if (n == 0) { // every donor with room recently failed: try them rather than give up
-		fill(true);
-		n = place_slab(std::span(loads, nserv), want, exclude, rng_, out);
+		for (unsigned k = 0; k < n; k++)
+			sstate_[out[k]].placing.fetch_add(1); // grant() takes it back once answered
 	}
-	for (unsigned k = 0; k < n; k++)
-		sstate_[out[k]].placing.fetch_add(1); // grant() takes it back once answered
+	if (asked)
+		need_donor();
 	return n;
+}
+
+void Volume::donors_changed()
+{
+	{
+		std::lock_guard lock(donors_mu_);
+		donors_epoch_.fetch_add(1);
+	}
+	donors_cv_.notify_all();
+}
+
+bool Volume::wait_for_donors(uint64_t seen)
+{
+	std::unique_lock lock(donors_mu_);
+	return donors_cv_.wait_for(lock, timeout_, [&] {
+		return donors_epoch_.load() != seen || stop_.load();
+	}) && !stop_.load();
+}
+
+void Volume::need_donor()
+{
+	if (const NeedDonorHook *h = need_donor_.load(std::memory_order_acquire); h && h->fn)
+		h->fn(h->arg);
 }
 
 unsigned Volume::grant(uint64_t slab, uint64_t epoch, unsigned want,
@@ -62,12 +95,20 @@ unsigned Volume::grant(uint64_t slab, uint64_t epoch, unsigned want,
 	for (uint16_t e : exclude)
 		tried[ntried++] = e;
 	err = ENOSPC;
-	const size_t nserv = servers(); // donors added meanwhile wait for the next slab
-	while (got < want && ntried < nserv) {
+	bool waited = false;
+	while (got < want && ntried < servers()) {
 		uint16_t chosen[kMaxReplicas];
+		const uint64_t seen = donors_epoch_.load();
 		const unsigned n = place(want - got, std::span(tried, ntried), chosen);
-		if (n == 0)
+		if (n == 0) {
+			// No donor with room: membership (the hook) was asked for one; wait once for
+			// its pass (a new member connected, or none to be had), then try again.
+			if (!waited && need_donor_.load() && wait_for_donors(seen)) {
+				waited = true;
+				continue;
+			}
 			break;
+		}
 		for (unsigned k = 0; k < n; k++) {
 			const uint16_t i = chosen[k];
 			tried[ntried++] = i;
@@ -78,9 +119,14 @@ unsigned Volume::grant(uint64_t slab, uint64_t epoch, unsigned want,
 			if (r == 0) {
 				out[got++] = Replica{i, gen, g, epoch};
 				sstate_[i].used.fetch_add(1);
+				// Nearly full (membership's reserve): time to find the next member.
+				if (servers_[i]->slabs_free() <= servers_[i]->info().slabs_total / 8)
+					need_donor();
 			} else if (r != ENOSPC) {
 				err = EIO;
 				mark_down(i);
+			} else {
+				need_donor(); // a member is full: membership replaces it
 			}
 		}
 	}

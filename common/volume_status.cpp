@@ -83,6 +83,7 @@ VolumeReport Volume::report() const
 				    !alive			 ? "lost"
 				    : down			 ? "failed"
 				    : sstate_[i].retired.load() ? "retired"
+				    : sstate_[i].outside.load() ? "outside"
 								 : "ok",
 				    sstate_[i].used.load(), sstate_[i].gen.load(),
 				    servers_[i]->slabs_free()});
@@ -245,9 +246,10 @@ std::string Volume::metrics_text() const
 
 	m.family("rdmaswap_volume_donor_state", "gauge",
 		 "1 for the donor's state: ok, failed (cooling down after a failure), lost "
-		 "(its session is gone) or retired (no new slabs: its registration vanished).");
+		 "(its session is gone), retired (no new slabs: its registration vanished) or outside "
+		 "(not in the donor set: new slabs only when no member has room).");
 	for (const auto &d : r.donors)
-		for (const char *s : {"ok", "failed", "lost", "retired"})
+		for (const char *s : {"ok", "failed", "lost", "retired", "outside"})
 			m.sample("rdmaswap_volume_donor_state", {{"donor", d.name}, {"state", s}},
 				 uint64_t(std::string_view(d.state) == s));
 	m.family("rdmaswap_volume_donor_slabs", "gauge", "Slabs of this volume on the donor.");
