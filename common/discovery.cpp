@@ -327,6 +327,7 @@ std::optional<Discovered> discover(const DiscoverOptions &opts, std::string &err
 			log->warn("etcd: skipped the donor entry {}", s);
 		for (const auto &d : listing->donors)
 			out.donors.push_back(d.addr);
+		out.registered = listing->donors;
 		log->info("etcd gave {} donor(s) under {}", out.donors.size(), where);
 		if (out.donors.empty()) {
 			log->warn("etcd lists no donors under {}", where);

@@ -153,6 +153,7 @@ struct Discovered {
 	enum class Source { Etcd, Cache, ServersOnly } source = Source::Etcd;
 	std::vector<Endpoint> donors; // what etcd (or the cache) gave
 	std::vector<Endpoint> servers;
+	std::vector<Donor> registered; // etcd's entries with their hints (Source::Etcd only)
 };
 
 // The servers of a plugin started with etcd=, logged through logger("discovery"):

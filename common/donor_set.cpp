@@ -129,6 +129,18 @@ unsigned DonorSet::place(std::span<const DonorLoad> donors, unsigned replicas,
 	return got;
 }
 
+bool DonorSet::seed(uint16_t i)
+{
+	if (i >= state_.size())
+		return false;
+	if (state_[i] == kMember)
+		return true;
+	if (nmembers_ == capacity())
+		return false;
+	join(i);
+	return true;
+}
+
 unsigned DonorSet::take_idle(std::span<const uint32_t> held, uint16_t *out, unsigned max)
 {
 	unsigned n = 0, seen = 0;

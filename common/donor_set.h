@@ -62,6 +62,11 @@ public:
 	unsigned place(std::span<const DonorLoad> donors, unsigned replicas,
 		       std::span<const uint16_t> exclude, std::minstd_rand &rng, uint16_t *out);
 
+	// Make donor i a member if there is a vacancy and it is not one already (e.g. the
+	// donors a volume was started with). True if it is a member now. No check of its load:
+	// the next refill() retires it if it is dead or full.
+	bool seed(uint16_t i);
+
 	// Retired members that now hold none of our slabs (held[i] == 0; held is indexed like
 	// the donor table, a missing entry counting as 0): written to `out` (room for `max`)
 	// and forgotten, so each is reported once; returns how many. The caller may disconnect

@@ -3,6 +3,7 @@
 #include "common/membership.h"
 
 #include <algorithm>
+#include <stdexcept>
 
 #include "common/etcd.h"
 #include "common/log.h"
@@ -21,27 +22,164 @@ struct Membership::Watch {
 	etcd::Client client;
 };
 
+namespace {
+// The donor set's view of a load: a donor with an eighth of its slabs left counts as full, so
+// that a full member's replacement is connected while it still has room (placement falls
+// back on it meanwhile: Volume::set_outside).
+DonorLoad with_reserve(DonorLoad l)
+{
+	l.used = std::min(l.total, l.used + l.total / 8);
+	return l;
+}
+} // namespace
+
+std::vector<size_t> Membership::choose_start_members(unsigned spread,
+						      std::span<const DonorLoad> loads,
+						      std::span<const size_t> seeds)
+{
+	DonorSet set(spread, loads.size());
+	for (size_t i : seeds)
+		if (i < loads.size() && loads[i].alive && loads[i].used < loads[i].total)
+			set.seed(uint16_t(i));
+	std::minstd_rand rng(std::random_device{}());
+	set.refill(loads, rng);
+	std::vector<size_t> out(set.members().begin(), set.members().end());
+	std::sort(out.begin(), out.end());
+	return out;
+}
+
+Membership::StartPlan Membership::plan_start(unsigned spread,
+					     std::span<const Candidate> candidates,
+					     const Connect &connect)
+{
+	auto log = logger("membership");
+	const size_t n = candidates.size();
+	std::vector<std::unique_ptr<Server>> conn(n);
+	std::vector<bool> failed(n, false);
+	StartPlan plan;
+	auto try_connect = [&](size_t k) {
+		try {
+			conn[k] = connect(candidates[k].ep);
+		} catch (const std::exception &e) {
+			log->warn("{}", e.what());
+			failed[k] = true;
+		}
+	};
+	for (size_t k = 0; k < n; k++)
+		if (candidates[k].may_hold && candidates[k].reachable)
+			try_connect(k);
+	// The set: donors that kept slabs for the volume first, then the others contacted.
+	std::vector<DonorLoad> loads(n); // (with_reserve)
+	std::vector<size_t> seeds;
+	for (size_t k = 0; k < n; k++) {
+		const Candidate &c = candidates[k];
+		if (conn[k]) {
+			const uint32_t total = conn[k]->info().slabs_total;
+			loads[k] = with_reserve(DonorLoad{total - std::min(conn[k]->slabs_free(), total),
+							  total, true, c.hint.sessions});
+			if (conn[k]->reattached())
+				seeds.push_back(k);
+		} else {
+			loads[k] = with_reserve(c.hint.total ? c.hint
+							     : DonorLoad{0, 1, true, c.hint.sessions});
+			loads[k].alive = c.reachable && !failed[k] && !c.may_hold;
+		}
+	}
+	for (size_t k = 0; k < n; k++)
+		if (conn[k] && !conn[k]->reattached())
+			seeds.push_back(k);
+	std::vector<bool> member(n, false);
+	if (spread == 0) {
+		for (size_t k = 0; k < n; k++)
+			member[k] = conn[k] != nullptr;
+	} else {
+		for (size_t k : choose_start_members(spread, loads, seeds))
+			member[k] = true;
+	}
+	std::vector<size_t> fresh;
+	for (size_t k = 0; k < n; k++) {
+		if (!member[k] || conn[k])
+			continue;
+		try_connect(k);
+		if (conn[k])
+			fresh.push_back(k);
+	}
+	for (size_t k = 0; k < n; k++) {
+		const Candidate &c = candidates[k];
+		if (!c.may_hold)
+			continue;
+		if (!conn[k]) {
+			plan.missing++; // could not ask it
+			plan.record.push_back(c.ep);
+			continue;
+		}
+		if (!member[k] && !conn[k]->reattached()) {
+			plan.missing++; // handed back nothing: dropped (it holds nothing of ours now)
+			conn[k].reset();
+			continue;
+		}
+		plan.servers.push_back(std::move(conn[k]));
+		plan.start.push_back(Start{c.ep, 0, member[k]});
+		plan.record.push_back(c.ep);
+	}
+	plan.start_holders = plan.servers.size();
+	for (size_t k : fresh) {
+		plan.servers.push_back(std::move(conn[k]));
+		plan.start.push_back(Start{candidates[k].ep, 0, true});
+		plan.record.push_back(candidates[k].ep);
+	}
+	std::sort(plan.record.begin(), plan.record.end(),
+		  [](const Endpoint &a, const Endpoint &b) { return a.str() < b.str(); });
+	return plan;
+}
+
+Membership::Entry &Membership::entry(const Endpoint &ep)
+{
+	const std::string name = ep.str();
+	if (auto it = index_.find(name); it != index_.end())
+		return entries_[it->second];
+	if (entries_.size() >= kMaxEntries)
+		throw std::runtime_error("more than " + std::to_string(kMaxEntries) +
+					 " donors known: " + name + " is not used");
+	index_.emplace(name, entries_.size());
+	Entry &e = entries_.emplace_back();
+	e.ep = ep;
+	return e;
+}
+
 Membership::Membership(Volume &volume, Connect connect, Options opts,
-		       std::span<const std::pair<Endpoint, uint64_t>> start)
-	: volume_(volume), connect_(std::move(connect)), opts_(std::move(opts))
+		       std::span<const Start> start)
+	: volume_(volume), connect_(std::move(connect)), opts_(std::move(opts)),
+	  set_(opts_.spread, kMaxEntries), rng_(std::random_device{}())
 {
 	// The logger now, not at the first step: its creation allocates, and nbdkit must not
 	// allocate once it serves (tests/alloc counts every allocation of the process).
 	logger("membership");
-	for (const auto &ep : opts_.servers) {
-		Entry &e = entries_[ep.str()];
-		e.ep = ep;
-		e.from_servers = true;
-	}
+	entries_.reserve(kMaxEntries);
+	loads_.reserve(kMaxEntries);
+	for (const auto &ep : opts_.servers)
+		entry(ep).from_servers = true;
+	for (const auto &[ep, load] : opts_.hints)
+		entry(ep).hint = load;
 	for (size_t i = 0; i < start.size(); i++) {
-		Entry &e = entries_[start[i].first.str()];
-		e.ep = start[i].first;
+		Entry &e = entry(start[i].ep);
 		e.slot = long(i);
-		e.boot_id = e.slot_boot = start[i].second;
+		e.boot_id = e.slot_boot = start[i].boot_id;
 		e.registered = !e.from_servers; // it came from the registry (or its cache)
+		const size_t k = size_t(&e - entries_.data());
+		if (opts_.spread > 0 && start[i].member)
+			set_.seed(uint16_t(k));
+		e.joined = opts_.spread == 0 || set_.is_member(uint16_t(k));
+		volume_.set_outside(i, !e.joined);
 	}
+	for (const auto &ep : opts_.recorded)
+		recorded_.push_back(ep.str());
+	std::sort(recorded_.begin(), recorded_.end());
 	if (!opts_.registry.endpoints.empty())
 		watch_ = std::make_unique<Watch>(opts_.registry);
+	hook_.fn = [](void *m) { static_cast<Membership *>(m)->wake(); };
+	hook_.arg = this;
+	volume_.set_need_donor_hook(&hook_);
 }
 
 Membership::~Membership()
@@ -49,18 +187,35 @@ Membership::~Membership()
 	stop();
 }
 
+void Membership::wake()
+{
+	{
+		std::lock_guard lock(mu_);
+		wake_ = true;
+	}
+	cv_.notify_all();
+}
+
 void Membership::set_registered(std::span<const discovery::Donor> donors)
 {
 	{
 		std::lock_guard lock(mu_);
-		for (auto &[name, e] : entries_)
+		for (auto &e : entries_)
 			e.registered = false;
 		for (const auto &d : donors) {
-			Entry &e = entries_[d.addr.str()];
-			if (e.ep.host.empty())
-				e.ep = d.addr;
-			e.registered = true;
-			e.boot_id = d.boot_id;
+			Entry *e;
+			try {
+				e = &entry(d.addr);
+			} catch (const std::exception &x) {
+				if (!full_warned_)
+					logger("membership")->warn("{}", x.what());
+				full_warned_ = true;
+				continue;
+			}
+			e->registered = true;
+			e->boot_id = d.boot_id;
+			e->hint = DonorLoad{d.slabs_total - std::min(d.slabs_free, d.slabs_total),
+					    d.slabs_total, true, d.sessions};
 		}
 		wake_ = true;
 	}
@@ -71,12 +226,16 @@ unsigned Membership::step()
 {
 	std::lock_guard one(step_mu_);
 	auto log = logger("membership");
-	// Decide under mu_ (no network), connect without it.
-	std::vector<std::pair<std::string, Endpoint>> to_connect;
+	// Decide under mu_ (no network), record and connect without it.
+	std::vector<size_t> to_connect;
+	std::vector<Endpoint> record_eps;       // the new record, if it changes
+	std::vector<std::string> record_names;  // the same, as recorded_ keeps it
 	{
 		std::lock_guard lock(mu_);
 		const auto now = Clock::now();
-		for (auto &[name, e] : entries_) {
+		loads_.resize(entries_.size());
+		for (size_t k = 0; k < entries_.size(); k++) {
+			Entry &e = entries_[k];
 			const bool wanted = e.from_servers || e.registered;
 			if (e.slot >= 0) {
 				const size_t i = size_t(e.slot);
@@ -85,29 +244,90 @@ unsigned Membership::step()
 				if (e.registered && e.boot_id && e.slot_boot && e.boot_id != e.slot_boot) {
 					volume_.donor_restarted(i); // its slabs are gone: repair now
 					e.slot = -1;
+					e.joined = false;
 				} else if (!volume_.server(i).session_alive()) {
 					log->warn("memserver {}: session lost; its replicas are repaired "
 						  "elsewhere{}",
-						  name, wanted ? "; it is connected again as a new donor "
-								 "once it answers"
-							       : "");
+						  e.ep.str(), wanted ? "; it is connected again as a new donor "
+								     "once it answers"
+								   : "");
 					volume_.set_retired(i, true);
 					e.slot = -1;
+					e.joined = false;
 				} else {
 					volume_.set_retired(i, !wanted);
 				}
 			}
-			if (e.slot < 0 && wanted && e.retry.may_try(now))
-				to_connect.emplace_back(name, e.ep);
+			// The set's view: a connected donor by its own counts, another by its hint
+			// (none: it looks empty); one waiting out a retry pause is not usable.
+			DonorLoad &l = loads_[k];
+			if (e.slot >= 0) {
+				const Server &srv = volume_.server(size_t(e.slot));
+				const uint32_t total = srv.info().slabs_total;
+				l = DonorLoad{total - std::min(srv.slabs_free(), total), total, wanted,
+					      e.hint.sessions};
+			} else {
+				l = e.hint.total ? e.hint : DonorLoad{0, 1, true, e.hint.sessions};
+				l.alive = wanted && e.retry.may_try(now);
+			}
+			l = with_reserve(l);
+		}
+		if (opts_.spread > 0)
+			set_.refill(loads_, rng_);
+		for (size_t k = 0; k < entries_.size(); k++) {
+			Entry &e = entries_[k];
+			const bool wanted = e.from_servers || e.registered;
+			const bool member = opts_.spread == 0 ? wanted : set_.is_member(uint16_t(k));
+			if (e.slot >= 0) {
+				e.joined = e.joined || member;
+				volume_.set_outside(size_t(e.slot), !e.joined);
+			} else if (member && wanted && e.retry.may_try(now))
+				to_connect.push_back(k);
+		}
+		// The record first: a donor is connected only once the record names it.
+		if (!to_connect.empty() && opts_.record) {
+			std::vector<std::string> names = recorded_;
+			for (size_t k : to_connect)
+				names.push_back(entries_[k].ep.str());
+			std::sort(names.begin(), names.end());
+			names.erase(std::unique(names.begin(), names.end()), names.end());
+			if (names != recorded_) {
+				for (const auto &n : names)
+					record_eps.push_back(entries_[index_.at(n)].ep);
+				for (const auto &n : recorded_) // recorded, not known now: kept
+					if (!index_.count(n))
+						if (auto ep = parse_endpoint(n, 0))
+							record_eps.push_back(*ep);
+				record_names = std::move(names);
+			}
+		}
+	}
+	// Written with no lock the data path may take (wake() takes mu_): a file with fsync, and
+	// etcd's copy, each bounded by the timeout. recorded_ changes only here (step_mu_).
+	if (!record_eps.empty()) {
+		const std::string why = opts_.record(record_eps);
+		std::lock_guard lock(mu_);
+		if (!why.empty()) {
+			log->warn("cannot record the volume's holders ({}): {} donor(s) not connected "
+				  "now, retried",
+				  why, to_connect.size());
+			for (size_t k : to_connect)
+				entries_[k].retry.failed(Clock::now());
+			to_connect.clear();
+		} else {
+			recorded_ = std::move(record_names);
 		}
 	}
 	unsigned added = 0;
-	for (const auto &[name, ep] : to_connect) {
+	for (size_t k : to_connect) {
+		Endpoint ep;
 		{
 			std::lock_guard lock(mu_);
 			if (stop_)
 				break;
+			ep = entries_[k].ep; // (entries_ never moves: reserved)
 		}
+		const std::string name = ep.str();
 		std::string why;
 		long slot = -1;
 		try {
@@ -116,7 +336,7 @@ unsigned Membership::step()
 			why = e.what();
 		}
 		std::lock_guard lock(mu_);
-		Entry &e = entries_[name];
+		Entry &e = entries_[k];
 		if (slot >= 0) {
 			e.slot = slot;
 			e.slot_boot = e.boot_id;
@@ -125,6 +345,8 @@ unsigned Membership::step()
 			added++;
 			if (!(e.from_servers || e.registered)) // vanished while we connected
 				volume_.set_retired(size_t(slot), true);
+			e.joined = opts_.spread == 0 || set_.is_member(uint16_t(k));
+			volume_.set_outside(size_t(slot), !e.joined);
 			continue;
 		}
 		e.retry.failed(Clock::now());
@@ -135,6 +357,7 @@ unsigned Membership::step()
 			log->debug("memserver {} still not usable: {}", name, why);
 		e.warned = true;
 	}
+	volume_.donors_changed(); // allocations waiting for a donor try again
 	return added;
 }
 
@@ -224,6 +447,7 @@ void Membership::start()
 
 void Membership::stop()
 {
+	volume_.set_need_donor_hook(nullptr); // (the volume outlives us)
 	{
 		std::lock_guard lock(mu_);
 		stop_ = true;

@@ -8,6 +8,7 @@
 #include <sys/resource.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cerrno>
 #include <condition_variable>
@@ -28,7 +29,9 @@
 #include "common/data_path_base.h"
 #include "common/deadline.h"
 #include "common/discovery.h"
+#include "common/donor_set.h"
 #include "common/etcd.h"
+#include "common/holders.h"
 #include "common/log.h"
 #include "common/membership.h"
 #include "common/metrics_text.h"
@@ -96,9 +99,16 @@ struct Config {
 	unsigned realtime = 1; // realtime=PRIORITY: SCHED_RR priority of nbdkit's threads; 0: off
 	bool realtime_set = false;
 	int busy_poll = -1; // busy-poll=: 1 on, 0 off, -1 auto (on with >= kBusyPollMinCpus CPUs)
+	unsigned spread = DonorSet::kDefaultSpread; // spread=: donor set size; 0: every donor
+	std::string holders_file; // the holders record (spread > 0): beside the volume key
 } g_cfg;
 std::vector<Endpoint> g_servers;   // server= and the donors etcd (or its cache) gave
 std::vector<Endpoint> g_reachable; // servers that answered in get_ready
+// What the start knows of each donor (get_ready): its hint, whether it answered the probe (only
+// those that may hold slabs, and server= entries, are probed) and whether it may hold slabs
+// of the volume (in the holders record; every donor without a record).
+std::vector<Membership::Candidate> g_candidates;
+bool g_recording = false; // the holders record is kept (spread > 0)
 std::unique_ptr<rdma::ClientContext> g_rdma;
 std::unique_ptr<Volume> g_volume;
 std::unique_ptr<Membership> g_membership; // after g_volume: destroyed first
@@ -321,6 +331,14 @@ int rdmaswap_config(const char *key, const char *value)
 			return -1;
 		}
 		g_cfg.transport = *t;
+	} else if (k == "spread") {
+		if (nbdkit_parse_unsigned("spread", value, &g_cfg.spread) < 0)
+			return -1;
+		if (g_cfg.spread > Volume::kMaxServers) {
+			nbdkit_error("rdmaswap: spread=%s: at most %zu (0: every donor)", value,
+				     Volume::kMaxServers);
+			return -1;
+		}
 	} else if (k == "channels") {
 		if (nbdkit_parse_unsigned("channels", value, &g_cfg.channels) < 0)
 			return -1;
@@ -472,15 +490,22 @@ int rdmaswap_config_complete()
 		nbdkit_error("rdmaswap: volume-key=%s: %s", g_cfg.volume_key_path.c_str(), e.what());
 		return -1;
 	}
-	// This run's id, beside the volume key (one file per volume): a backup file closed
-	// cleanly is trusted only by the next run (backup.h). Written with or without backup=.
+	// Files of this volume beside the volume key: VOLUME-KEY.<FNV-1a of the volume's name>.SUFFIX.
+	uint64_t h = 1469598103934665603ull;
+	for (unsigned char c : g_cfg.volume)
+		h = (h ^ c) * 1099511628211ull;
+	auto volume_file = [&](const char *suffix) {
+		char name[48];
+		std::snprintf(name, sizeof name, ".%016llx.%s", static_cast<unsigned long long>(h),
+			      suffix);
+		return g_cfg.volume_key_path + name;
+	};
+	// The holders record (spread > 0; membership.h): which donors a restart contacts.
+	g_cfg.holders_file = volume_file("holders");
+	// This run's id (one file per volume): a backup file closed cleanly is trusted only by
+	// the next run (backup.h). Written with or without backup=.
 	try {
-		uint64_t h = 1469598103934665603ull; // FNV-1a of the volume's name
-		for (unsigned char c : g_cfg.volume)
-			h = (h ^ c) * 1099511628211ull;
-		char name[32];
-		std::snprintf(name, sizeof name, ".%016llx.run", static_cast<unsigned long long>(h));
-		g_cfg.run_id = next_run_id(g_cfg.volume_key_path + name, g_cfg.previous_run_id);
+		g_cfg.run_id = next_run_id(volume_file("run"), g_cfg.previous_run_id);
 	} catch (const std::exception &e) {
 		if (!g_cfg.backup.empty()) {
 			nbdkit_error("rdmaswap: backup=%s: %s", g_cfg.backup.c_str(), e.what());
@@ -511,14 +536,68 @@ int rdmaswap_config_complete()
 	return 0;
 }
 
+static discovery::ListOptions etcd_list_options()
+{
+	discovery::ListOptions o;
+	o.endpoints = g_cfg.etcd;
+	o.prefix = g_cfg.etcd_prefix;
+	o.timeout = g_cfg.timeout;
+	return o;
+}
+
+// The hints etcd published at start (discovery), for donors the start does not probe.
+std::vector<discovery::Donor> g_registered;
+
+// The holders record (spread > 0; common/membership.h): the donors that may hold slabs of
+// the volume. The local file decides; without it (a first start, or a lost file) every donor
+// may hold slabs and the start contacts them all. etcd's copy only adds donors to contact.
+static std::optional<std::vector<Endpoint>> read_holders()
+{
+	std::optional<std::vector<Endpoint>> record;
+	try {
+		record = holders::read_file(g_cfg.holders_file, g_cfg.volume);
+	} catch (const std::exception &e) {
+		nbdkit_error("rdmaswap: warning: %s: every donor is contacted at this start",
+			     e.what());
+	}
+	if (!g_cfg.etcd.empty()) {
+		const auto got = holders::get_etcd(etcd_list_options(), g_cfg.volume);
+		if (got.status == holders::EtcdRecord::Status::Failed)
+			nbdkit_debug("rdmaswap: etcd: the holders record not read: %s",
+				     got.why.c_str());
+		else
+			for (const auto &ep : got.donors) {
+				if (record && std::find(record->begin(), record->end(), ep) == record->end())
+					record->push_back(ep);
+				if (std::find(g_servers.begin(), g_servers.end(), ep) == g_servers.end())
+					g_servers.push_back(ep); // contacted: it may hold slabs
+			}
+	}
+	return record;
+}
+
+// Store the holders record: the file, then etcd's copy (best effort: the file decides).
+// "" or why the file could not be written.
+static std::string write_holders(const std::vector<Endpoint> &donors)
+{
+	try {
+		holders::write_file(g_cfg.holders_file, g_cfg.volume, donors);
+	} catch (const std::exception &e) {
+		return e.what();
+	}
+	if (!g_cfg.etcd.empty())
+		if (const std::string why = holders::put_etcd(etcd_list_options(), g_cfg.volume, donors);
+		    !why.empty())
+			logger("membership")->debug("etcd: the holders record not stored: {}", why);
+	return "";
+}
+
 // With etcd=: g_servers from server=, etcd and the donor cache (discovery::discover), and
 // replicas= checked against them. 0, or -1 after an error message.
 static int discover_donors()
 {
 	discovery::DiscoverOptions o;
-	o.list.endpoints = g_cfg.etcd;
-	o.list.prefix = g_cfg.etcd_prefix;
-	o.list.timeout = g_cfg.timeout;
+	o.list = etcd_list_options();
 	o.servers = g_cfg.servers;
 	o.cache_path = g_cfg.donor_cache;
 	std::string why;
@@ -528,6 +607,7 @@ static int discover_donors()
 		return -1;
 	}
 	g_servers = std::move(found->servers);
+	g_registered = std::move(found->registered);
 	if (g_servers.size() > Volume::kMaxServers) {
 		nbdkit_error("rdmaswap: warning: %zu memservers known, using the first %zu (the "
 			     "server= entries first)",
@@ -562,27 +642,59 @@ int rdmaswap_get_ready()
 			return -1;
 		}
 	}
+	g_recording = g_cfg.spread > 0;
+	std::optional<std::vector<Endpoint>> record;
+	if (g_recording)
+		record = read_holders();
+	if (record)
+		for (const auto &ep : *record)
+			if (std::find(g_servers.begin(), g_servers.end(), ep) == g_servers.end())
+				g_servers.push_back(ep); // no longer listed: it may still hold slabs
+	// Probed: the donors that may hold slabs, and the server= entries (a typo is a clear
+	// error at start). The others are only candidates for the donor set, known by their
+	// registration's hints, contacted if chosen.
+	size_t usable = 0;
 	for (const auto &ep : g_servers) {
+		Membership::Candidate c;
+		c.ep = ep;
+		c.may_hold = !record || std::find(record->begin(), record->end(), ep) != record->end();
+		const bool probe = c.may_hold || std::find(g_cfg.servers.begin(), g_cfg.servers.end(),
+							   ep) != g_cfg.servers.end();
+		for (const auto &d : g_registered)
+			if (d.addr == ep)
+				c.hint = DonorLoad{d.slabs_total - std::min(d.slabs_free, d.slabs_total),
+						   d.slabs_total, true, d.sessions};
+		if (!probe) {
+			g_candidates.push_back(c);
+			usable++;
+			continue;
+		}
 		std::string why;
 		try {
-			ControlClient c(resolve(ep), g_cfg.timeout, g_cfg.auth_key);
+			ControlClient cc(resolve(ep), g_cfg.timeout, g_cfg.auth_key);
 			proto::StatsReply st;
-			if (int err = c.stats(st))
+			if (int err = cc.stats(st))
 				why = connect_error_text(err);
+			else
+				c.hint = DonorLoad{st.slabs_total - std::min(st.slabs_free, st.slabs_total),
+						   st.slabs_total, true, st.sessions};
 		} catch (const std::exception &e) {
 			why = e.what();
 		}
-		if (why.empty())
+		c.reachable = why.empty();
+		g_candidates.push_back(c);
+		if (why.empty()) {
 			g_reachable.push_back(ep);
-		else
+			usable++;
+		} else {
 			nbdkit_error("rdmaswap: %smemserver %s is not reachable: %s",
 				     g_servers.size() > 1 ? "warning: " : "", ep.str().c_str(),
 				     why.c_str());
+		}
 	}
-	if (g_reachable.size() < g_cfg.replicas) {
+	if (usable < g_cfg.replicas) {
 		nbdkit_error("rdmaswap: %zu of %zu memservers reachable, replicas=%u needs %u",
-			     g_reachable.size(), g_servers.size(), g_cfg.replicas,
-			     g_cfg.replicas);
+			     usable, g_servers.size(), g_cfg.replicas, g_cfg.replicas);
 		return -1;
 	}
 	if (g_cfg.transport == TransportKind::Rdma && !rdma::devices_present()) {
@@ -663,53 +775,61 @@ int rdmaswap_after_fork()
 			bool ok = rdma::devices_present();
 			for (const auto &ep : g_reachable)
 				ok = ok && rdma::can_reach(ep, g_cfg.timeout, why);
+			if (g_reachable.empty()) // none probed (etcd's donors only): the first of them
+				ok = ok && rdma::can_reach(g_candidates[0].ep, g_cfg.timeout, why);
 			g_chosen = ok ? TransportKind::Rdma : TransportKind::Tcp;
 			nbdkit_debug("rdmaswap: transport=auto chose %s%s%s", transport_name(g_chosen),
 				     ok ? "" : ": ", ok ? "" : why.c_str());
 		}
 		if (g_chosen == TransportKind::Rdma)
-			g_rdma = std::make_unique<rdma::ClientContext>(g_reachable[0], g_cfg.timeout);
-		std::vector<std::unique_ptr<Server>> servers;
-		std::vector<std::pair<Endpoint, uint64_t>> connected; // their names, in order
-		for (const auto &ep : g_reachable) {
-			try {
-				servers.push_back(connect_donor(ep));
-				connected.emplace_back(ep, 0);
-			} catch (const VolumeProofRefused &e) {
-				// Failed for this volume, like an unreachable donor: never served.
-				nbdkit_error("rdmaswap: %s", e.what());
-			}
-		}
-		if (servers.size() < g_cfg.replicas) {
+			g_rdma = std::make_unique<rdma::ClientContext>(
+				g_reachable.empty() ? g_candidates[0].ep : g_reachable[0], g_cfg.timeout);
+		// The donors that may hold slabs of the volume, and the donor set's members.
+		Membership::StartPlan plan =
+			Membership::plan_start(g_cfg.spread, g_candidates, connect_donor);
+		if (plan.servers.size() < g_cfg.replicas) {
 			nbdkit_error("rdmaswap: %zu of %zu memservers usable for volume %s, replicas=%u "
 				     "needs %u",
-				     servers.size(), g_servers.size(), g_cfg.volume.c_str(),
+				     plan.servers.size(), g_servers.size(), g_cfg.volume.c_str(),
 				     g_cfg.replicas, g_cfg.replicas);
 			return -1;
 		}
+		// The record before any slab or floor can go anywhere new.
+		if (g_recording)
+			if (const std::string why = write_holders(plan.record); !why.empty()) {
+				nbdkit_error("rdmaswap: %s (a restart would not know where the volume's "
+					     "slabs are)",
+					     why.c_str());
+				return -1;
+			}
 		VolumeOptions vo;
 		vo.size = g_cfg.size;
 		vo.channels = g_cfg.channels;
 		vo.timeout = g_cfg.timeout;
 		vo.replicas = g_cfg.replicas;
-		vo.missing_servers = unsigned(g_servers.size() - servers.size());
+		vo.missing_servers = plan.missing;
+		vo.start_holders = plan.start_holders;
 		vo.backup_path = g_cfg.backup;
 		vo.backup_volume = g_cfg.volume;
 		vo.backup_queue = g_cfg.backup_queue;
 		vo.run_id = g_cfg.run_id;
 		vo.previous_run_id = g_cfg.previous_run_id;
-		g_volume = std::make_unique<Volume>(std::move(servers), vo);
+		g_volume = std::make_unique<Volume>(std::move(plan.servers), vo);
 		// Donors that did not answer now, and (etcd=) those registered later, join while
-		// the volume serves.
+		// the volume serves; with spread= only the donor set's members are connected.
 		Membership::Options mo;
 		mo.servers = g_cfg.servers;
-		if (!g_cfg.etcd.empty()) {
-			mo.registry.endpoints = g_cfg.etcd;
-			mo.registry.prefix = g_cfg.etcd_prefix;
-			mo.registry.timeout = g_cfg.timeout;
-		}
+		if (!g_cfg.etcd.empty())
+			mo.registry = etcd_list_options();
+		mo.spread = g_cfg.spread;
+		if (g_recording)
+			mo.record = write_holders;
+		mo.recorded = plan.record;
+		for (const auto &c : g_candidates)
+			if (c.hint.total)
+				mo.hints.emplace_back(c.ep, c.hint);
 		g_membership = std::make_unique<Membership>(*g_volume, connect_donor, std::move(mo),
-							    connected);
+							    plan.start);
 		g_membership->start();
 	} catch (const std::exception &e) {
 		nbdkit_error("rdmaswap: %s", e.what());
@@ -810,6 +930,9 @@ struct nbdkit_plugin make_plugin()
 			"size=SIZE           (required) size of the device\n"
 			"transport=tcp|rdma|auto  data path (default auto)\n"
 			"channels=N          data channels (default 16)\n"
+			"spread=N            donors the volume places new slabs on, and the\n"
+			"                    only ones it connects to besides those holding its\n"
+			"                    slabs (default 8; 0: every donor)\n"
 			"replicas=N          copies of each slab on distinct servers\n"
 			"                    (default 2 with two or more servers, else 1)\n"
 			"timeout=SECONDS     bound on each network operation (default 10)\n"
