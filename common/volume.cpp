@@ -21,7 +21,18 @@ namespace rdmaswap {
 namespace {
 // Each thread starts looking for a free channel at its own one.
 std::atomic<unsigned> g_next_thread{0};
-thread_local unsigned t_thread_index = g_next_thread.fetch_add(1);
+// Its index + 1 (0: not yet given). Constant-initialized and initial-exec, so that it lives in
+// the thread's static TLS block (a few bytes of the surplus glibc keeps for dlopen'ed modules)
+// rather than in a dynamic TLS block that glibc mallocs for the dlopen'ed plugin: under
+// ThreadSanitizer, a read of it by a finished nbdkit thread and the free of a later thread's
+// dynamic TLS block at the same address were reported as a race.
+thread_local unsigned t_thread_index1 __attribute__((tls_model("initial-exec"))) = 0;
+unsigned thread_index()
+{
+	if (t_thread_index1 == 0)
+		t_thread_index1 = g_next_thread.fetch_add(1) + 1;
+	return t_thread_index1 - 1;
+}
 } // namespace
 
 Volume::Volume(std::vector<std::unique_ptr<Server>> servers, const VolumeOptions &opts)
@@ -447,7 +458,7 @@ Volume::ChannelRef Volume::channel()
 	// A request takes the first free channel from its thread's usual one on, so that busy
 	// channels (a slow donor, a long request) never hold up a request while others idle.
 	const size_t n = channels_.size();
-	const size_t start = t_thread_index % n;
+	const size_t start = thread_index() % n;
 	for (size_t i = 0; i < n; i++) {
 		Channel &c = *channels_[(start + i) % n];
 		if (c.mu.try_lock())
@@ -463,7 +474,7 @@ Volume::ChannelRef Volume::channel()
 
 Volume::Channel &Volume::stripe() const
 {
-	return *channels_[t_thread_index % channels_.size()];
+	return *channels_[thread_index() % channels_.size()];
 }
 
 int Volume::count_error(VolumeOp op, int err)
