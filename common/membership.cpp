@@ -31,6 +31,19 @@ DonorLoad with_reserve(DonorLoad l)
 	l.used = std::min(l.total, l.used + l.total / 8);
 	return l;
 }
+
+// The set's view of a donor (with_reserve applied): a connected one (`srv`) by its own counts,
+// another by its hint (none: it looks empty). `alive` as the caller judges it.
+DonorLoad set_view(const Server *srv, const DonorLoad &hint, bool alive)
+{
+	DonorLoad l = hint.total ? hint : DonorLoad{0, 1, true, hint.sessions};
+	if (srv) {
+		const uint32_t total = srv->info().slabs_total;
+		l = DonorLoad{total - std::min(srv->slabs_free(), total), total, true, hint.sessions};
+	}
+	l.alive = alive;
+	return with_reserve(l);
+}
 } // namespace
 
 std::vector<size_t> Membership::choose_start_members(unsigned spread,
@@ -73,17 +86,10 @@ Membership::StartPlan Membership::plan_start(unsigned spread,
 	std::vector<size_t> seeds;
 	for (size_t k = 0; k < n; k++) {
 		const Candidate &c = candidates[k];
-		if (conn[k]) {
-			const uint32_t total = conn[k]->info().slabs_total;
-			loads[k] = with_reserve(DonorLoad{total - std::min(conn[k]->slabs_free(), total),
-							  total, true, c.hint.sessions});
-			if (conn[k]->reattached())
-				seeds.push_back(k);
-		} else {
-			loads[k] = with_reserve(c.hint.total ? c.hint
-							     : DonorLoad{0, 1, true, c.hint.sessions});
-			loads[k].alive = c.reachable && !failed[k] && !c.may_hold;
-		}
+		loads[k] = set_view(conn[k].get(), c.hint,
+				    conn[k] || (c.reachable && !failed[k] && !c.may_hold));
+		if (conn[k] && conn[k]->reattached())
+			seeds.push_back(k);
 	}
 	for (size_t k = 0; k < n; k++)
 		if (conn[k] && !conn[k]->reattached())
@@ -260,17 +266,9 @@ unsigned Membership::step()
 			}
 			// The set's view: a connected donor by its own counts, another by its hint
 			// (none: it looks empty); one waiting out a retry pause is not usable.
-			DonorLoad &l = loads_[k];
-			if (e.slot >= 0) {
-				const Server &srv = volume_.server(size_t(e.slot));
-				const uint32_t total = srv.info().slabs_total;
-				l = DonorLoad{total - std::min(srv.slabs_free(), total), total, wanted,
-					      e.hint.sessions};
-			} else {
-				l = e.hint.total ? e.hint : DonorLoad{0, 1, true, e.hint.sessions};
-				l.alive = wanted && e.retry.may_try(now);
-			}
-			l = with_reserve(l);
+			const bool connected = e.slot >= 0;
+			loads_[k] = set_view(connected ? &volume_.server(size_t(e.slot)) : nullptr, e.hint,
+					     wanted && (connected || e.retry.may_try(now)));
 		}
 		if (opts_.spread > 0)
 			set_.refill(loads_, rng_);
