@@ -100,10 +100,14 @@ void Registry::run()
 		const uint32_t diff = free > published.slabs_free ? free - published.slabs_free
 								  : published.slabs_free - free;
 		// Free slabs changed by >= 5 % of the total, or sessions at all (there are few):
-		// hints, not truths.
+		// hints, not truths. A smaller change is put once the last put is `settle` old, so
+		// that the value ends up exact (a put made during a burst of grants keeps what it
+		// read at its start).
 		const bool moved = (diff && uint64_t(diff) * 20 >= opts_.slabs_total) ||
 				   hints.sessions != published.sessions;
 		if (registered && moved && now - last_put >= opts_.min_update)
+			need_put = true;
+		if (registered && diff && now - last_put >= opts_.settle)
 			need_put = true;
 		std::string why;
 		if (lease == 0) {

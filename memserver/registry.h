@@ -30,6 +30,7 @@ struct RegistryOptions {
 	std::chrono::milliseconds keepalive{3000};    // keepalive period
 	std::chrono::milliseconds poll{500};          // how often the hints are looked at
 	std::chrono::milliseconds min_update{2000};   // re-puts at most this often
+	std::chrono::milliseconds settle{5000};       // any smaller change is put after this
 	std::chrono::milliseconds backoff_max{5000};  // retry period cap while etcd is away
 	std::chrono::milliseconds timeout{2000};      // each etcd request, per endpoint
 	std::chrono::milliseconds stop_bound{2000};   // the deregistration at stop
@@ -53,7 +54,9 @@ public:
 	// Starts the registry thread. `hints` is called on that thread only (every `poll`); it
 	// must not block on anything the data path holds. The value is put again when slabs_free
 	// moved by 5 % of slabs_total or more, or sessions changed at all, at most every
-	// `min_update`. Throws only if the etcd client cannot be made (libcurl).
+	// `min_update`; a smaller change of slabs_free is put `settle` after the last put, so the
+	// value converges on the truth once the memserver is quiet. Throws only if the etcd client
+	// cannot be made (libcurl).
 	Registry(RegistryOptions opts, std::function<RegistryHints()> hints);
 	~Registry(); // stop()
 	Registry(const Registry &) = delete;

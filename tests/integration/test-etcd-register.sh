@@ -2,7 +2,8 @@
 # SPDX-License-Identifier: MIT
 # A memserver with --etcd registers itself in a real 3-member etcd (loopback): the key holds its
 # address, slab counts and a boot id; the free slabs it publishes drop after a client allocates,
-# the sessions it publishes follow a client's session (1 while it is open, 0 once it left);
+# a change of one slab is published too (5 s after the last put at most); the sessions it
+# publishes follow a client's session (1 while it is open, 0 once it left);
 # kill -9 removes the key within the lease's TTL + 1 s, SIGTERM at once; with 2 of 3 members down
 # (no quorum) and with all down at its start, it serves on and registers once etcd is back.
 set -euo pipefail
@@ -99,6 +100,11 @@ assert h.pread(16 << 20, 0) == data
 t0=$(now)
 wait_until 6 "slabs_free of $a published as 48" published_free "$a" 48
 log "slabs_free 64 -> 48 published after $(elapsed "$t0" "$(now)") s (after the write)"
+# One slab more (less than 5 % of 64): put once the last put is 5 s old, not never.
+nbdsh_run -u "$NBDKIT_URI" -c 'h.pwrite(b"\x5a" * (1 << 20), 16 << 20); h.flush()'
+t0=$(now)
+wait_until 8 "slabs_free of $a published as 47 (a small change)" published_free "$a" 47
+log "slabs_free 48 -> 47 published after $(elapsed "$t0" "$(now)") s (after the write)"
 kill "$NBDKIT_PID"
 wait "$NBDKIT_PID" 2>/dev/null || true
 # The client left (lease=0: its session ended with its connection rather than staying detached,
