@@ -10,8 +10,10 @@
 #   BUILD_DIR-tsan  gcc with ThreadSanitizer: the unit and host integration tests again
 #                   (functions.sh preloads libtsan into nbdkit only and drops its --swap); any
 #                   TSan report fails the test.
-# To save wall time the extra build dirs are compiled at low priority while the main tests
-# run; the fuzzers run (side by side) before the sanitizer builds' tests. As root in CI (or with
+# To save wall time the extra build dirs are compiled at low priority, one after the other, while
+# the main tests run; each phase's tests start once the main tests are done and its own build is
+# (the later builds go on beside them, still at low priority). The fuzzers run (side by side)
+# after the ASan tests and before the TSan tests, never beside either. As root in CI (or with
 # RDMASWAP_TEST_DEB_INSTALL=1) the Debian packages are built there too (tools/build-debs.sh,
 # into BUILD_DIR-deb), and test-deb (suite deb) runs with them after the main tests.
 # Ends with one line "N passed, N failed, N skipped" summing every phase that ran. A phase
@@ -50,19 +52,19 @@ tsan_options="exitcode=66:second_deadlock_stack=1:history_size=4:suppressions=$s
 
 # setup_build NAME DIR NINJA_TARGET [MESON SETUP OPTIONS...]: set up (or reconfigure) DIR with
 # --werror and build NINJA_TARGET in it ("" for everything); then mark it built
-# (DIR/.rdmaswap-built).
+# (DIR/.rdmaswap-built). DIR/.rdmaswap-tried marks the end of the attempt, built or not.
 setup_build() {
 	local name=$1 dir=$2 target=$3 start=$SECONDS
 	shift 3
 	echo "==== $name: building $dir"
-	rm -f "$dir/.rdmaswap-built"
+	rm -f "$dir/.rdmaswap-built" "$dir/.rdmaswap-tried"
 	if [ ! -f "$dir/build.ninja" ]; then
 		meson setup "$dir" "$src" --werror "$@"
 	else
 		meson configure "$dir" -Dwerror=true "$@" >/dev/null
-	fi || { echo "==== $name: meson setup failed"; return 1; }
-	ninja -C "$dir" $target || { echo "==== $name: build failed"; return 1; }
-	touch "$dir/.rdmaswap-built"
+	fi || { echo "==== $name: meson setup failed"; mkdir -p "$dir"; touch "$dir/.rdmaswap-tried"; return 1; }
+	ninja -C "$dir" $target || { echo "==== $name: build failed"; touch "$dir/.rdmaswap-tried"; return 1; }
+	touch "$dir/.rdmaswap-built" "$dir/.rdmaswap-tried"
 	echo "==== $name: built in $((SECONDS - start)) s"
 }
 
@@ -97,7 +99,9 @@ if [ "$extra" != 0 ]; then
 	# The extra build dirs, one after the other, at the lowest priority, in the background.
 	mkdir -p "$build/meson-logs"
 	extra_log="$build/meson-logs/extra-builds.log"
-	rm -f "$asan/.rdmaswap-built" "$fuzz/.rdmaswap-built" "$tsan/.rdmaswap-built"
+	for d in "$asan" "$fuzz" "$tsan" "$debdir"; do
+		rm -f "$d/.rdmaswap-built" "$d/.rdmaswap-tried"
+	done
 	(
 		renice -n 19 -p "$BASHPID" >/dev/null
 		setup_build asan "$asan" "" "${asan_setup[@]}"
@@ -115,6 +119,8 @@ if [ "$extra" != 0 ]; then
 			else
 				echo "==== deb: build failed"
 			fi
+			mkdir -p "$debdir"
+			touch "$debdir/.rdmaswap-tried"
 		fi
 	) >"$extra_log" 2>&1 &
 	extra_pid=$!
@@ -131,20 +137,32 @@ if [ $main_built = 1 ]; then
 fi
 if [ "$extra" != 0 ]; then
 	start=$SECONDS
-	wait "$extra_pid"
-	echo "==== extra builds finished $((SECONDS - start)) s after the main tests:"
-	grep -E '^==== |FAILED|error' "$extra_log" | head -n 40
-	# built NAME DIR: true if DIR was built; else count a failure and say why.
+	# built NAME DIR: wait until DIR's build was tried (or the background builds ended); true
+	# if DIR was built, else count a failure and say why.
 	built() {
+		local t0=$SECONDS
+		while [ ! -f "$2/.rdmaswap-tried" ] && kill -0 "$extra_pid" 2>/dev/null; do
+			sleep 2
+		done
+		echo "==== $1: build ready $((SECONDS - start)) s after the main tests" \
+			"(waited $((SECONDS - t0)) s)"
 		[ -f "$2/.rdmaswap-built" ] && return 0
 		echo "==== $1: could not be built (see $extra_log)"
+		grep -E '^==== |FAILED|error' "$extra_log" | head -n 40
 		tail -n 30 "$extra_log"
 		build_failures=$((build_failures + 1))
 		rc=1
 		return 1
 	}
-	# The fuzzers (concurrently, one core each) before the sanitizer build's tests, not beside
-	# them: the integration tests judge timeouts and must not compete with two busy cores.
+	# The ASan tests first (its build is the first done), while the other builds go on at low
+	# priority. The integration tests judge timeouts: nothing else at normal priority runs
+	# beside them.
+	if built asan "$asan"; then
+		run_tests asan "$asan" --suite unit --suite integration --timeout-multiplier 2 || rc=1
+		logs+=("$asan/meson-logs/testlog.json")
+	fi
+	# The fuzzers (concurrently, one core each) between the sanitizer builds' tests, not beside
+	# them.
 	if built fuzz "$fuzz"; then
 		run_tests fuzz "$fuzz" --suite fuzz || rc=1
 		logs+=("$fuzz/meson-logs/testlog.json")
@@ -153,20 +171,20 @@ if [ "$extra" != 0 ]; then
 			[ -f "$f" ] && echo "$(basename "$f" .log): $(grep -E '^#[0-9]+[[:space:]]+DONE' "$f" | tail -n 1)"
 		done
 	fi
-	if [ "$debs_bg" = 1 ] && [ $main_built = 1 ] && built deb "$debdir"; then
-		RDMASWAP_DEB_DIR=$debdir run_tests deb "$build" --suite deb || rc=1
-		cp "$build/meson-logs/testlog.json" "$build/meson-logs/testlog-deb.json"
-		logs+=("$build/meson-logs/testlog-deb.json")
-	fi
-	if built asan "$asan"; then
-		run_tests asan "$asan" --suite unit --suite integration --timeout-multiplier 2 || rc=1
-		logs+=("$asan/meson-logs/testlog.json")
-	fi
 	if built tsan "$tsan"; then
 		TSAN_OPTIONS=$tsan_options run_tests tsan "$tsan" --suite unit --suite integration \
 			--timeout-multiplier 3 || rc=1
 		logs+=("$tsan/meson-logs/testlog.json")
 	fi
+	# The packages are built last (after the TSan build).
+	if [ "$debs_bg" = 1 ] && [ $main_built = 1 ] && built deb "$debdir"; then
+		RDMASWAP_DEB_DIR=$debdir run_tests deb "$build" --suite deb || rc=1
+		cp "$build/meson-logs/testlog.json" "$build/meson-logs/testlog-deb.json"
+		logs+=("$build/meson-logs/testlog-deb.json")
+	fi
+	wait "$extra_pid"
+	echo "==== extra builds:"
+	grep -E '^==== ' "$extra_log" | head -n 40
 	echo "==== extra phases took $((SECONDS - start)) s after the main tests"
 fi
 
