@@ -12,8 +12,8 @@
 #                   TSan report fails the test.
 # To save wall time the extra build dirs are compiled at low priority, one after the other, while
 # the main tests run; each phase's tests start once the main tests are done and its own build is
-# (the later builds go on beside them, still at low priority). The fuzzers run (side by side)
-# after the ASan tests and before the TSan tests, never beside either. As root in CI (or with
+# (the later builds go on beside them, still at low priority). The ASan and TSan tests run side by
+# side (each one test at a time); the fuzzers (side by side) after them. As root in CI (or with
 # RDMASWAP_TEST_DEB_INSTALL=1) the Debian packages are built there too (tools/build-debs.sh,
 # into BUILD_DIR-deb), and test-deb (suite deb) runs with them after the main tests.
 # Ends with one line "N passed, N failed, N skipped" summing every phase that ran. A phase
@@ -105,8 +105,8 @@ if [ "$extra" != 0 ]; then
 	(
 		renice -n 19 -p "$BASHPID" >/dev/null
 		setup_build asan "$asan" "" "${asan_setup[@]}"
-		CXX=clang++ setup_build fuzz "$fuzz" fuzzers "${fuzz_setup[@]}"
 		setup_build tsan "$tsan" "" "${tsan_setup[@]}"
+		CXX=clang++ setup_build fuzz "$fuzz" fuzzers "${fuzz_setup[@]}"
 		# The Debian packages for test-deb (which installs them only in CI or when asked,
 		# as root): built here, beside the rest, rather than by the test in the main phase.
 		if [ "$debs_bg" = 1 ]; then
@@ -154,14 +154,33 @@ if [ "$extra" != 0 ]; then
 		rc=1
 		return 1
 	}
-	# The ASan tests first (its build is the first done), while the other builds go on at low
-	# priority. The integration tests judge timeouts: nothing else at normal priority runs
-	# beside them.
+	# The ASan and the TSan tests side by side, each phase one test at a time: the tests spend
+	# most of their time waiting (a TSan integration run keeps 0.84 of a core busy on average),
+	# so two at once share the 2 cores and halve this part. Each starts as soon as its build is
+	# ready, the later builds going on at low priority. Their output is printed when both ended.
+	san_pids=()
+	san_outs=()
 	if built asan "$asan"; then
-		run_tests asan "$asan" --suite unit --suite integration --timeout-multiplier 2 || rc=1
+		run_tests asan "$asan" --suite unit --suite integration --timeout-multiplier 2 \
+			>"$asan/phase.out" 2>&1 &
+		san_pids+=($!)
+		san_outs+=("$asan/phase.out")
 		logs+=("$asan/meson-logs/testlog.json")
 	fi
-	# The fuzzers (concurrently, one core each) between the sanitizer builds' tests, not beside
+	if built tsan "$tsan"; then
+		TSAN_OPTIONS=$tsan_options run_tests tsan "$tsan" --suite unit --suite integration \
+			--timeout-multiplier 3 >"$tsan/phase.out" 2>&1 &
+		san_pids+=($!)
+		san_outs+=("$tsan/phase.out")
+		logs+=("$tsan/meson-logs/testlog.json")
+	fi
+	for p in ${san_pids[@]+"${san_pids[@]}"}; do
+		wait "$p" || rc=1
+	done
+	for f in ${san_outs[@]+"${san_outs[@]}"}; do
+		cat "$f"
+	done
+	# The fuzzers (concurrently, one core each) after the sanitizer builds' tests, not beside
 	# them.
 	if built fuzz "$fuzz"; then
 		run_tests fuzz "$fuzz" --suite fuzz || rc=1
@@ -171,12 +190,7 @@ if [ "$extra" != 0 ]; then
 			[ -f "$f" ] && echo "$(basename "$f" .log): $(grep -E '^#[0-9]+[[:space:]]+DONE' "$f" | tail -n 1)"
 		done
 	fi
-	if built tsan "$tsan"; then
-		TSAN_OPTIONS=$tsan_options run_tests tsan "$tsan" --suite unit --suite integration \
-			--timeout-multiplier 3 || rc=1
-		logs+=("$tsan/meson-logs/testlog.json")
-	fi
-	# The packages are built last (after the TSan build).
+	# The packages are built last.
 	if [ "$debs_bg" = 1 ] && [ $main_built = 1 ] && built deb "$debdir"; then
 		RDMASWAP_DEB_DIR=$debdir run_tests deb "$build" --suite deb || rc=1
 		cp "$build/meson-logs/testlog.json" "$build/meson-logs/testlog-deb.json"
