@@ -64,7 +64,7 @@ int DataPathBase::ensure_connected()
 {
 	if (connected())
 		return 0;
-	if (session_lost_->load() || stop_requested())
+	if (closed_ || session_lost_->load() || stop_requested())
 		return EIO;
 	const auto now = Backoff::clock::now();
 	if (!backoff_.may_try(now))

@@ -81,6 +81,13 @@ protected:
 	// latches the error.
 	void drop();
 
+	// Disconnects; later posts fail with EIO (ensure_connected never reconnects).
+	void close_for_good() override
+	{
+		closed_ = true;
+		disconnect();
+	}
+
 	// Implemented by the transport.
 	virtual bool connected() const = 0;
 	// Connect again and rejoin the session. 0; ENOENT when the memserver no longer knows
@@ -98,6 +105,7 @@ private:
 	unsigned n_ = 0;
 	bool read_ = false;
 	int error_ = 0;
+	bool closed_ = false; // close_for_good() (by the path's owner: no atomic needed)
 	Backoff backoff_;
 };
 

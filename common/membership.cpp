@@ -234,6 +234,7 @@ unsigned Membership::step()
 	auto log = logger("membership");
 	// Decide under mu_ (no network), record and connect without it.
 	std::vector<size_t> to_connect;
+	std::vector<size_t> to_close;           // idle for opts_.idle: disconnected
 	std::vector<Endpoint> record_eps;       // the new record, if it changes
 	std::vector<std::string> record_names;  // the same, as recorded_ keeps it
 	{
@@ -272,6 +273,10 @@ unsigned Membership::step()
 		}
 		if (opts_.spread > 0)
 			set_.refill(loads_, rng_);
+		// Indices are never reused: idle donors are closed (and added anew when wanted
+		// again) only while a quarter of them is left.
+		const bool may_close = opts_.idle.count() > 0 &&
+				       volume_.servers() < volume_.max_servers() / 4 * 3;
 		for (size_t k = 0; k < entries_.size(); k++) {
 			Entry &e = entries_[k];
 			const bool wanted = e.from_servers || e.registered;
@@ -279,6 +284,12 @@ unsigned Membership::step()
 			if (e.slot >= 0) {
 				e.joined = e.joined || member;
 				volume_.set_outside(size_t(e.slot), !e.joined);
+				if (member || volume_.holds(size_t(e.slot)) != 0)
+					e.idle_since = {};
+				else if (e.idle_since == Clock::time_point{})
+					e.idle_since = now;
+				else if (may_close && now - e.idle_since >= opts_.idle)
+					to_close.push_back(k);
 			} else if (member && wanted && e.retry.may_try(now))
 				to_connect.push_back(k);
 		}
@@ -355,8 +366,65 @@ unsigned Membership::step()
 			log->debug("memserver {} still not usable: {}", name, why);
 		e.warned = true;
 	}
+	if (!to_close.empty())
+		close_idle(to_close);
 	volume_.donors_changed(); // allocations waiting for a donor try again
 	return added;
+}
+
+void Membership::close_idle(std::span<const size_t> to_close)
+{
+	std::vector<std::string> closed; // names, sorted
+	for (size_t k : to_close) {
+		long slot;
+		{
+			std::lock_guard lock(mu_);
+			if (stop_)
+				break;
+			slot = entries_[k].slot;
+		}
+		// (No lock: it may wait for a control call in progress on that donor.)
+		const bool done = slot >= 0 && volume_.close_idle_server(size_t(slot));
+		std::lock_guard lock(mu_);
+		Entry &e = entries_[k];
+		if (!done) { // it got a slab meanwhile, or holds a floor: asked again in a while
+			e.idle_since = Clock::now();
+			continue;
+		}
+		e.slot = -1;
+		e.joined = false;
+		e.idle_since = {};
+		closed.push_back(e.ep.str());
+	}
+	if (closed.empty() || !opts_.record)
+		return;
+	// The record without them: they hold nothing of the volume and get nothing more (a
+	// donor wanted again is recorded before it is connected).
+	std::sort(closed.begin(), closed.end());
+	std::vector<std::string> names;
+	std::vector<Endpoint> eps;
+	{
+		std::lock_guard lock(mu_);
+		for (const auto &n : recorded_) {
+			if (std::binary_search(closed.begin(), closed.end(), n))
+				continue;
+			names.push_back(n);
+			if (auto it = index_.find(n); it != index_.end())
+				eps.push_back(entries_[it->second].ep);
+			else if (auto ep = parse_endpoint(n, 0))
+				eps.push_back(*ep);
+		}
+	}
+	if (names == recorded_)
+		return;
+	if (const std::string why = opts_.record(eps); !why.empty()) {
+		logger("membership")->warn("cannot record the volume's holders without the {} idle "
+					   "donor(s) disconnected ({}); the record still names them",
+					   closed.size(), why);
+		return;
+	}
+	std::lock_guard lock(mu_);
+	recorded_ = std::move(names);
 }
 
 bool Membership::relist()

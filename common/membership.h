@@ -23,8 +23,14 @@
 //   behaviour before sets).
 // - The holders record: before a donor is connected (so before it can get a slab or a floor
 //   of the volume) it is added to the record through `Options::record`; when that fails the
-//   donor is not connected. During a run the record only grows (the plugin prunes it at its
-//   next start), so a restart that contacts the record's donors finds every slab and floor.
+//   donor is not connected. It shrinks only by the donors closed for being idle (after they
+//   are closed: they hold nothing of the volume), so a restart that contacts the record's
+//   donors finds every slab and floor (the plugin also prunes it at its next start).
+// - Idle donors (`idle` > 0): a connected donor that is not a member of the set (or, with
+//   spread 0, not wanted) and holds nothing of the volume for `idle` is disconnected
+//   (Volume::close_idle_server: no slab, none being placed, no floor); it is connected anew
+//   (a new index) if it is chosen again. Not once a quarter of the volume's indices are
+//   left (they are never reused).
 #pragma once
 
 #include <chrono>
@@ -68,6 +74,9 @@ public:
 		std::chrono::milliseconds watch_span{30000};
 		// spread=: members of the donor set (0: every donor wanted is connected).
 		unsigned spread = 0;
+		// idle-disconnect=: how long a donor outside the set holds nothing before it is
+		// disconnected (0: never).
+		std::chrono::milliseconds idle{0};
 		// Store the holders record (every donor named, sorted by name) before the donors
 		// new in it are connected. Returns "" or why it could not (then they are not
 		// connected now, but retried). Empty: no record is kept.
@@ -158,7 +167,11 @@ private:
 		uint64_t slot_boot = 0;    // the boot id when it was connected
 		Backoff retry{kFirstRetry, kMaxRetry};
 		bool warned = false; // the first failure of a streak was logged
+		Clock::time_point idle_since{}; // connected, not a member, holding nothing (0: not)
 	};
+	// Disconnect the idle donors of `to_close` (entries; step() only, no lock held), then
+	// store the record without them.
+	void close_idle(std::span<const size_t> to_close);
 	void step_loop();
 	void watch_loop();
 	// List the registry and record it; false if etcd did not answer.

@@ -2,6 +2,7 @@
 // RemoteServer: session setup and the choice of data path.
 #include "common/remote_server.h"
 
+#include <algorithm>
 #include <array>
 #include <cerrno>
 #include <cstring>
@@ -150,6 +151,8 @@ int RemoteServer::alloc_tagged(uint64_t chunk, uint64_t epoch, SlabGrant &out)
 int RemoteServer::set_tag(uint32_t id, uint64_t chunk, uint64_t epoch)
 {
 	std::lock_guard lock(mu_);
+	if (id == proto::kNoSlab)
+		floors_ = true; // before it is sent: the server may record it whatever we hear
 	const int err = control_->set_tag(id, chunk, epoch);
 	if (control_->session_lost())
 		lost_->store(true);
@@ -188,8 +191,28 @@ int RemoteServer::list_volume(std::vector<proto::VolumeEntry> &slabs,
 	}
 	for (const auto &e : slabs)
 		granted_[e.slab_id] = 1;
+	floors_ = floors_ || !floors.empty();
 	adopting_ = false;
 	return 0;
+}
+
+bool RemoteServer::close_if_idle()
+{
+	{
+		std::lock_guard lock(mu_);
+		if (closed_.load())
+			return true;
+		reconcile(); // slabs forgotten or of unknown outcome: given back, or it stays open
+		if (adopting_ || floors_ || control_->outcome_unknown() ||
+		    std::find(granted_.begin(), granted_.end(), uint8_t(1)) != granted_.end())
+			return false;
+		closed_.store(true);
+		control_->close();
+	}
+	std::lock_guard poll(poll_mu_);
+	poll_fd_.reset();
+	logger("client")->debug("memserver {}: idle session closed", name_);
+	return true;
 }
 
 int RemoteServer::alloc_impl(const uint64_t *tag, SlabGrant &out)
@@ -250,6 +273,9 @@ void RemoteServer::housekeeping()
 int RemoteServer::wanted_slabs(std::vector<uint32_t> &ids)
 {
 	ids.clear();
+	std::lock_guard poll(poll_mu_);
+	if (closed_.load())
+		return ENOTCONN;
 	if (!poll_fd_) {
 		int err = 0;
 		uint64_t conn_id = 0;
@@ -296,7 +322,7 @@ int RemoteServer::stats(proto::StatsReply &out)
 
 bool RemoteServer::session_alive() const
 {
-	return !lost_->load() && !control_->session_lost();
+	return !closed_.load() && !lost_->load() && !control_->session_lost();
 }
 
 std::unique_ptr<DataPath> RemoteServer::open_data_path(std::span<std::byte> region)

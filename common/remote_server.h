@@ -70,6 +70,8 @@ public:
 	int set_floor(uint64_t chunk, uint64_t epoch) override;
 	int list_volume(std::vector<proto::VolumeEntry> &slabs,
 			std::vector<proto::VolumeEntry> &floors) override;
+	bool close_if_idle() override;
+	bool closed() const override { return closed_.load(); }
 
 private:
 	// After a control call with an unknown outcome (e.g. an ALLOC that timed out but that the
@@ -103,8 +105,14 @@ private:
 	// does not know yet: reconcile() must not give them back.
 	bool adopting_ = false;
 	std::shared_ptr<std::atomic<bool>> lost_ = std::make_shared<std::atomic<bool>>(false);
-	// wanted_slabs() polls on a connection of its own (repair thread only), so that a poll
-	// of a hung server never holds up ALLOC or FREE on the control connection.
+	// A floor was (or may have been) recorded here, or kept from an earlier run: the session
+	// holds something of the volume even without a slab (under mu_).
+	bool floors_ = false;
+	std::atomic<bool> closed_{false}; // close_if_idle()
+	// wanted_slabs() polls on a connection of its own (the poll thread only), so that a poll
+	// of a hung server never holds up ALLOC or FREE on the control connection. poll_mu_
+	// (held for a poll; never with mu_) lets close_if_idle() close it.
+	std::mutex poll_mu_;
 	Fd poll_fd_;
 	uint64_t poll_id_ = 1;
 	std::vector<std::byte> poll_buf_;

@@ -99,6 +99,10 @@ public:
 	// What this path did so far. Unlike the rest, callable from any thread while another uses
 	// the path (the values may be a moment old). Not for the data path: the status report.
 	virtual DataPathCounters counters() const { return {}; }
+	// End the connection for good: later posts fail with EIO and nothing reconnects. Only
+	// while no thread uses the path (its owner holds the path's channel, and nothing of the
+	// volume is on its server: Volume::close_idle_server).
+	virtual void close_for_good() {}
 };
 
 // Facts a memserver reported in its HELLO reply.
@@ -183,6 +187,16 @@ public:
 		floors.clear();
 		return 0;
 	}
+
+	// --- Idle donors (Membership, idle-disconnect=). Close the session's connections if it
+	// holds nothing of ours: no slab (none granted, none of unknown outcome, none kept from
+	// an earlier run and not listed yet) and no floor (none recorded, none kept). True:
+	// closed for good (later calls fail with ENOTCONN, session_alive() and the data paths'
+	// posts fail; the server keeps the empty session for the volume's lease); false: it holds
+	// something or may, and nothing changed. The data paths are closed by their owners
+	// (Volume::close_idle_server). Control path: may wait for a control call in progress.
+	virtual bool close_if_idle() { return false; }
+	virtual bool closed() const { return false; }
 };
 
 } // namespace rdmaswap

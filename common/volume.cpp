@@ -291,6 +291,7 @@ size_t Volume::add_server(std::unique_ptr<Server> server)
 	sstate_[i].placing.store(0);
 	sstate_[i].retired.store(false);
 	sstate_[i].outside.store(false);
+	sstate_[i].closed.store(false);
 	servers_[i] = std::move(server);
 	nservers_.store(i + 1, std::memory_order_release);
 	logger("volume")->info("memserver {} added: {} donors now", servers_[i]->name(), i + 1);
@@ -313,6 +314,44 @@ void Volume::set_outside(size_t i, bool outside)
 		return;
 	logger("volume")->debug("memserver {} {} the donor set", servers_[i]->name(),
 				outside ? "left" : "joined");
+}
+
+bool Volume::close_idle_server(size_t i)
+{
+	if (i >= servers() || sstate_[i].closed.load())
+		return false;
+	{
+		// place() reads `closed` and counts `placing` under place_mu_: once this section
+		// saw nothing placed and set `closed`, no placement chooses the donor. A slab whose
+		// ALLOC was answered in between is in the server's grants: close_if_idle() refuses.
+		std::lock_guard lock(place_mu_);
+		if (sstate_[i].used.load() || sstate_[i].placing.load())
+			return false;
+		sstate_[i].closed.store(true);
+	}
+	if (!servers_[i]->close_if_idle()) {
+		sstate_[i].closed.store(false);
+		return false;
+	}
+	// Nothing of the volume is there and nothing can be placed there: no thread posts to
+	// these paths; each is closed with its channel held all the same.
+	unsigned open = 0;
+	for (auto &ch : channels_) {
+		if (!ch->mu.try_lock_for(timeout_)) {
+			open++;
+			continue;
+		}
+		ch->paths[i]->close_for_good();
+		ch->mu.unlock();
+	}
+	kick_repair(); // the maintenance thread closes its own path to it
+	if (open)
+		logger("volume")->warn("memserver {}: {} of its data connections not closed (their "
+				       "channels stayed busy for the timeout); unused",
+				       servers_[i]->name(), open);
+	logger("volume")->info("memserver {} disconnected: idle (this volume holds nothing there)",
+			       servers_[i]->name());
+	return true;
 }
 
 void Volume::donor_restarted(size_t i)

@@ -212,6 +212,16 @@ public:
 	bool outside(size_t i) const { return sstate_[i].outside.load(); }
 	// Slabs of this volume on donor i, counting ALLOCs in flight: 0 means none is there.
 	uint32_t holds(size_t i) const { return sstate_[i].used.load() + sstate_[i].placing.load(); }
+	// Disconnect donor i if the volume holds nothing there (no slab, none being placed, no
+	// floor: Server::close_if_idle): from then on it gets no slab and no floor, its session's
+	// connections and its data paths are closed (each I/O channel's path with the channel
+	// held, waiting for it at most the timeout; the maintenance thread closes its own), and
+	// its index is never used again (a donor wanted again is added anew). True if closed.
+	// Control path (Membership's thread): may wait for a control call in progress.
+	bool close_idle_server(size_t i);
+	bool closed(size_t i) const { return sstate_[i].closed.load(); }
+	// The most donors add_server() takes (VolumeOptions::max_servers).
+	size_t max_servers() const { return max_servers_; }
 	// Called (on whichever thread places a slab: an nbdkit worker or the repair thread,
 	// with no lock held) when no donor inside the set could take a replica: `fn(arg)` must
 	// only wake someone (Membership::wake), never wait or allocate. Set once before the
@@ -281,6 +291,7 @@ private:
 		std::atomic<uint32_t> placing{0};
 		std::atomic<bool> retired{false}; // set_retired(): no new slabs
 		std::atomic<bool> outside{false}; // set_outside(): not in the donor set
+		std::atomic<bool> closed{false};  // close_idle_server(): disconnected for good
 	};
 	struct Channel {
 		TimedMutex mu;

@@ -45,6 +45,7 @@ unsigned Volume::place(unsigned want, std::span<const uint16_t> exclude, uint16_
 				loads[i] = DonorLoad{
 					used, info.slabs_total,
 					servers_[i]->session_alive() && !sstate_[i].retired.load() &&
+						!sstate_[i].closed.load() &&
 						(allow_outside || !sstate_[i].outside.load()) &&
 						(allow_down || now >= sstate_[i].down_until.load())};
 			}

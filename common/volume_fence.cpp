@@ -126,7 +126,8 @@ void Volume::record_floor(uint64_t slab, uint64_t epoch, std::span<const uint16_
 	const size_t nserv = servers();
 	for (size_t i = 0; i < nserv; i++) {
 		if (std::find(skip.begin(), skip.end(), uint16_t(i)) != skip.end() ||
-		    !servers_[i]->session_alive() || is_down(uint16_t(i)))
+		    !servers_[i]->session_alive() || sstate_[i].closed.load() ||
+		    is_down(uint16_t(i)))
 			continue;
 		if (int err = servers_[i]->set_floor(slab, epoch)) {
 			// A witness that fails (or hangs for the timeout) is not asked again during

@@ -407,6 +407,7 @@ void Volume::repair_loop()
 	auto log = logger("volume");
 	Channel &ch = *maint_ch_; // this thread's alone
 	uint64_t last_logged = 0;
+	std::vector<bool> path_closed(max_servers_, false); // ch.paths[i] closed (closed(i))
 	for (;;) {
 		{
 			std::unique_lock lock(repair_mu_);
@@ -417,9 +418,15 @@ void Volume::repair_loop()
 			repair_kick_ = false;
 		}
 		// Give back slabs forgotten on donors that failed, once they answer again.
-		for (size_t i = 0, n = servers(); i < n; i++)
-			if (!is_down(uint16_t(i)))
+		for (size_t i = 0, n = servers(); i < n; i++) {
+			if (sstate_[i].closed.load()) {
+				if (!path_closed[i])
+					ch.paths[i]->close_for_good();
+				path_closed[i] = true;
+			} else if (!is_down(uint16_t(i))) {
 				servers_[i]->housekeeping();
+			}
+		}
 		// Give-back: move the slabs donors want back, before anything else.
 		const uint64_t stuck = migrate_wanted(ch);
 		if (stuck > migrate_pending_.load())

@@ -80,7 +80,8 @@ VolumeReport Volume::report() const
 		const bool alive = servers_[i]->session_alive();
 		const bool down = now < sstate_[i].down_until.load();
 		r.donors.push_back({servers_[i]->name(),
-				    !alive			 ? "lost"
+				    sstate_[i].closed.load()	 ? "closed"
+				    : !alive			 ? "lost"
 				    : down			 ? "failed"
 				    : sstate_[i].retired.load() ? "retired"
 				    : sstate_[i].outside.load() ? "outside"
@@ -246,10 +247,11 @@ std::string Volume::metrics_text() const
 
 	m.family("rdmaswap_volume_donor_state", "gauge",
 		 "1 for the donor's state: ok, failed (cooling down after a failure), lost "
-		 "(its session is gone), retired (no new slabs: its registration vanished) or outside "
-		 "(not in the donor set: new slabs only when no member has room).");
+		 "(its session is gone), retired (no new slabs: its registration vanished), outside "
+		 "(not in the donor set: new slabs only when no member has room) or closed "
+		 "(disconnected: the volume held nothing there).");
 	for (const auto &d : r.donors)
-		for (const char *s : {"ok", "failed", "lost", "retired", "outside"})
+		for (const char *s : {"ok", "failed", "lost", "retired", "outside", "closed"})
 			m.sample("rdmaswap_volume_donor_state", {{"donor", d.name}, {"state", s}},
 				 uint64_t(std::string_view(d.state) == s));
 	m.family("rdmaswap_volume_donor_slabs", "gauge", "Slabs of this volume on the donor.");

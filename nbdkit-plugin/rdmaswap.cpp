@@ -100,6 +100,7 @@ struct Config {
 	bool realtime_set = false;
 	int busy_poll = -1; // busy-poll=: 1 on, 0 off, -1 auto (on with >= kBusyPollMinCpus CPUs)
 	unsigned spread = DonorSet::kDefaultSpread; // spread=: donor set size; 0: every donor
+	unsigned idle_disconnect = 60; // idle-disconnect=SECONDS; 0: never
 	std::string holders_file; // the holders record (spread > 0): beside the volume key
 } g_cfg;
 std::vector<Endpoint> g_servers;   // server= and the donors etcd (or its cache) gave
@@ -337,6 +338,14 @@ int rdmaswap_config(const char *key, const char *value)
 		if (g_cfg.spread > Volume::kMaxServers) {
 			nbdkit_error("rdmaswap: spread=%s: at most %zu (0: every donor)", value,
 				     Volume::kMaxServers);
+			return -1;
+		}
+	} else if (k == "idle-disconnect") {
+		if (nbdkit_parse_unsigned("idle-disconnect", value, &g_cfg.idle_disconnect) < 0)
+			return -1;
+		if (g_cfg.idle_disconnect > 86400) {
+			nbdkit_error("rdmaswap: idle-disconnect=%s: at most 86400 seconds (0: never)",
+				     value);
 			return -1;
 		}
 	} else if (k == "channels") {
@@ -822,6 +831,7 @@ int rdmaswap_after_fork()
 		if (!g_cfg.etcd.empty())
 			mo.registry = etcd_list_options();
 		mo.spread = g_cfg.spread;
+		mo.idle = std::chrono::seconds(g_cfg.idle_disconnect);
 		if (g_recording)
 			mo.record = write_holders;
 		mo.recorded = plan.record;
@@ -933,6 +943,8 @@ struct nbdkit_plugin make_plugin()
 			"spread=N            donors the volume places new slabs on, and the\n"
 			"                    only ones it connects to besides those holding its\n"
 			"                    slabs (default 8; 0: every donor)\n"
+			"idle-disconnect=SECONDS  disconnect a donor outside the set that held\n"
+			"                    nothing of the volume this long (default 60; 0: never)\n"
 			"replicas=N          copies of each slab on distinct servers\n"
 			"                    (default 2 with two or more servers, else 1)\n"
 			"timeout=SECONDS     bound on each network operation (default 10)\n"

@@ -162,6 +162,8 @@ int ControlClient::ensure_connected(Deadline deadline)
 {
 	if (fd_)
 		return 0;
+	if (closed_.load())
+		return ENOTCONN;
 	if (lost_.load())
 		return ENOENT;
 	int err = 0;
@@ -202,6 +204,13 @@ int ControlClient::exchange(proto::Op op, std::span<const std::byte> body,
 		unknown_.store(true);
 	}
 	return r;
+}
+
+void ControlClient::close()
+{
+	std::lock_guard lock(mu_);
+	closed_.store(true);
+	fd_.reset();
 }
 
 int ControlClient::open_session(bool want_rdma, proto::HelloReply &out)

@@ -98,6 +98,11 @@ public:
 	const Mac &attach_key() const { return attach_; }
 	bool session_lost() const { return lost_.load(); }
 	const SockAddr &addr() const { return addr_; }
+	// Close the connection for good (after a call in progress ends): every later call fails
+	// with ENOTCONN at once and nothing reconnects. The server detaches our session (kept
+	// for its volume's lease when it is bound to one).
+	void close();
+	bool closed() const { return closed_.load(); }
 
 private:
 	int call(proto::Op op, std::span<const std::byte> body, std::span<std::byte> reply,
@@ -137,6 +142,7 @@ private:
 	uint64_t token_ = 0;
 	Mac attach_{};
 	bool want_rdma_ = false;
+	std::atomic<bool> closed_{false};
 	uint64_t conn_id_ = 0;
 	Challenge challenge_{}; // of the current connection's HELLO reply (BIND signs it)
 	std::atomic<bool> lost_{false};    // written under mu_, read by anyone

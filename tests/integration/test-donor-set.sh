@@ -8,7 +8,11 @@
 #   record (the others' sessions of the volume stay as the first start left them), reattaches
 #   14 chunks and verifies them;
 # - writing on past what the members hold makes new members join (the full ones stay for the
-#   slabs they hold): 48 MiB written and verified, no write fails, all 4 donors used.
+#   slabs they hold): 48 MiB written and verified, no write fails, all 4 donors used;
+# - idle donors (idle-disconnect=2): the whole device trimmed, the two donors outside the set
+#   hold nothing and are disconnected within a few seconds (state=closed; their sessions of
+#   the volume detached, the members' live), the holders record drops them, and 16 MiB
+#   written again land on the members only and verify.
 set -euo pipefail
 source "$(dirname "$0")/functions.sh"
 requires nbdkit --version
@@ -24,7 +28,7 @@ servers=()
 for p in "${ports[@]}"; do servers+=("server=127.0.0.1:$p"); done
 status="$tmpdir/status"
 plugin_args=("${servers[@]}" size=48M replicas=1 spread=2 volume=donor-set-test lease=60
-	     timeout=5 statusfile="$status")
+	     timeout=5 statusfile="$status" idle-disconnect=2)
 donors() { grep -c '^donor' "$status"; }
 used() { ctl_get "$1" slabs_used; }
 # live_sessions PORT: sessions of our volume with live connections on that memserver.
@@ -85,4 +89,38 @@ for p in "${ports[@]}"; do total=$((total + $(used "$p"))); done
 # (The status file is written every second.)
 four_donors() { [ "$(donors)" -eq 4 ]; }
 wait_until 5 "all 4 donors connected once the first members filled (status file)" four_donors
+
+# Idle donors: everything trimmed, so no donor holds anything of the volume; the two outside
+# the set are closed after 2 s idle (the membership looks every 2 s), the members stay.
+nbdsh_run -u "$NBDKIT_URI" -c 'h.trim(48 << 20, 0); h.flush()'
+for p in "${ports[@]}"; do
+	wait_until 10 "memserver $p to hold nothing after the trim" test "$(used "$p")" -eq 0
+done
+state_count() { grep -c "^donor\.[0-9]*=.* state=$1 " "$status" || true; }
+two_closed() { [ "$(state_count closed)" -eq 2 ]; }
+wait_until 15 "2 idle donors closed (status file)" two_closed
+[ "$(state_count ok)" -eq 2 ] || { cat "$status" >&2; fail "expected the 2 members still connected (state=ok)"; }
+closed_ports=() member_ports=()
+for p in "${ports[@]}"; do
+	if grep -q "^donor\.[0-9]*=127.0.0.1:$p state=closed " "$status"; then closed_ports+=("$p"); else member_ports+=("$p"); fi
+done
+log "closed: ${closed_ports[*]}; members: ${member_ports[*]}"
+for p in "${closed_ports[@]}"; do
+	[ "$(live_sessions "$p")" -eq 0 ] || fail "memserver $p was closed but still has a live session of the volume"
+done
+for p in "${member_ports[@]}"; do
+	[ "$(live_sessions "$p")" -eq 1 ] || fail "member $p has no live session of the volume"
+done
+no_closed_in_record() {
+	local p
+	for p in "${closed_ports[@]}"; do grep -q "127.0.0.1:$p" "$holders" && return 1; done
+	return 0
+}
+wait_until 5 "the holders record to drop the closed donors" no_closed_in_record
+timeout 60 fio --name=again "${fio_args[@]}" --size=16M --uri="$NBDKIT_URI" \
+	>"$tmpdir/fio4.json" || { cat "$tmpdir/fio4.json" >&2; fail "fio (16 MiB after the trim) failed"; }
+"$PYTHON" "$(dirname "$0")/fio-check.py" "$tmpdir/fio4.json" 0 $((16 << 20)) || fail "fio (16 MiB after the trim): see above"
+for p in "${closed_ports[@]}"; do
+	[ "$(used "$p")" -eq 0 ] || fail "memserver $p was closed but holds $(used "$p") slabs"
+done
 log "OK"

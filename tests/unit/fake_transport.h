@@ -47,6 +47,8 @@ struct FakeBackend {
 	std::atomic<int> post_error{0};      // post_read/post_write return this
 	std::atomic<int> complete_error{0};  // complete() returns this and drops the batch
 	std::atomic<bool> lost{false};       // session lost: slabs gone, everything fails
+	std::atomic<bool> closed{false};     // close_if_idle() closed the session
+	std::atomic<uint64_t> paths_closed{0}; // data paths closed for good
 	std::atomic<bool> fail_open{false};  // open_data_path throws
 	std::atomic<int> alloc_delay_us{0};  // alloc_slab sleeps this long (widens races)
 	// slabs_free() says what is free now, as a memserver's replies keep it (placement reads
@@ -204,6 +206,13 @@ public:
 		c.batches = batches_.get();
 		return c;
 	}
+	void close_for_good() override
+	{
+		Busy busy(this); // the closer must be the only user (it holds the channel)
+		if (!closed_)
+			b_->paths_closed++;
+		closed_ = true;
+	}
 
 private:
 	struct Op {
@@ -226,6 +235,10 @@ private:
 
 	int post(bool write, const SlabGrant &g, uint64_t off, uint32_t len, std::byte *local)
 	{
+		if (closed_) {
+			b_->violation("post on a data path closed for good");
+			return EIO;
+		}
 		if (int e = b_->post_error.load())
 			return e;
 		if (b_->lost.load())
@@ -275,6 +288,7 @@ private:
 	std::span<std::byte> region_;
 	std::vector<Op> batch_;
 	std::atomic<bool> busy_{false};
+	bool closed_ = false;
 	SoloCounter posts_, batches_;
 };
 
@@ -307,6 +321,10 @@ public:
 		if (int us = b_->alloc_delay_us.load())
 			std::this_thread::sleep_for(std::chrono::microseconds(us));
 		std::lock_guard lock(b_->mu);
+		if (b_->closed.load()) { // (checked under mu, as RemoteServer does)
+			b_->violations.push_back(b_->name + ": ALLOC on a session closed for being idle");
+			return ENOTCONN;
+		}
 		if (b_->slabs.size() >= b_->max_slabs)
 			return ENOSPC;
 		const uint32_t id = b_->next_id++;
@@ -365,7 +383,16 @@ public:
 		b_->paths_opened++;
 		return std::make_unique<FakeDataPath>(b_, region);
 	}
-	bool session_alive() const override { return !b_->lost.load(); }
+	bool session_alive() const override { return !b_->lost.load() && !b_->closed.load(); }
+	bool close_if_idle() override
+	{
+		std::lock_guard lock(b_->mu);
+		if (!b_->slabs.empty() || !b_->floors.empty())
+			return false;
+		b_->closed = true;
+		return true;
+	}
+	bool closed() const override { return b_->closed.load(); }
 
 	bool bound() const override { return b_->bound.load(); }
 	bool reattached() const override { return reattached_; }
@@ -401,6 +428,8 @@ public:
 		if (int e = b_->floor_error.load())
 			return e;
 		std::lock_guard lock(b_->mu);
+		if (b_->closed.load())
+			return ENOTCONN; // (a witness closed just after record_floor chose it)
 		b_->floors[chunk] = epoch;
 		return 0;
 	}
