@@ -807,7 +807,9 @@ start_vm() {
     QPIDS[$name]=$!
     if [ "$SYSRQ_BEFORE" -gt 0 ] && [ "$TIMEOUT" -gt $((SYSRQ_BEFORE + 10)) ]; then
         (
-            sleep $((TIMEOUT - SYSRQ_BEFORE))
+            # stop_watchers kills this sleep, then this subshell: without the exit it could
+            # still print the note in between (seen after a VM that had finished in 62 s)
+            sleep $((TIMEOUT - SYSRQ_BEFORE)) || exit 0
             note "VM $name still running $SYSRQ_BEFORE s before its time-out: SysRq w, m, l, t to its console"
             sysrq_dump "$mport"
         ) > /dev/null &
