@@ -35,6 +35,12 @@ CLIENT_ADDR=10.77.0.2  # twohost: VM B's address (VM A, the server, has $ADDR)
 PEER_WAIT=600          # twohost: seconds the server waits for each message of the client
 SERVER_WAIT_PEER=240   # twohost: seconds the client waits for the server's memserver
 DD_MIB=4               # twohost: MiB written to /dev/nbd0 and read back before swapping
+ETCD=0                 # twohost: 1 = VM A runs etcd, its memserver registers there and VM B's
+                       # plugin finds it with etcd= alone (no server=)
+ETCD_PORT=2379         # twohost etcd: client port on $ADDR (peer port: ETCD_PEER_PORT)
+ETCD_PEER_PORT=2380
+ETCD_PREFIX=/vmtest/   # twohost etcd: --etcd-prefix / etcd-prefix=
+ETCD_WAIT=120          # twohost etcd: seconds allowed for etcd to answer, and for the donor's key
 PREFILL=0              # 1: write all of /dev/nbd0 before mkswap (see prefill())
 PLUGIN_ARGS=""         # extra rdmaswap plugin parameters (e.g. timeout=2)
 REALTIME=1             # 0: plugin realtime=0, memservers without --realtime (diagnostic)
@@ -95,6 +101,7 @@ APP_SWAP=256M          # app runs: swap size (memserver --capacity, plugin size=
 APP_WAIT=600           # app runs: seconds allowed for one redis-benchmark (or the load)
 APP_SAMPLE=256         # app runs: keys read after the load and after the last level (must agree)
 MS_WRAP=""             # command words before rdmaswap-memserver (alloc runs: env LD_PRELOAD=...)
+MS_ARGS=""             # extra rdmaswap-memserver arguments (twohost etcd: --etcd ...)
 NBDKIT_WRAP=""         # command words before nbdkit (alloc runs)
 [ -r /etc/rdmaswap-vm.conf ] && . /etc/rdmaswap-vm.conf
 [ -n "$MIN_PSWPOUT" ] || MIN_PSWPOUT=$((MIB * 200))
@@ -102,6 +109,10 @@ NBDKIT_WRAP=""         # command words before nbdkit (alloc runs)
 [ -n "$NBD_SIZE" ] || NBD_SIZE=$CAPACITY
 [ -n "$REA_VOLUME2" ] || REA_VOLUME2=$REA_VOLUME
 [ -n "$RUNS" ] || RUNS=$MODE
+ETCD_URL=http://$ADDR:$ETCD_PORT
+DONOR_KEY=${ETCD_PREFIX}donors/$ADDR:$PORT   # the memserver's registration (docs/deployment.md)
+ETCDCTL_API=3
+export ETCDCTL_API
 # --realtime: this VM swaps into the memservers it runs itself (rdmaswap-memserver(8))
 MS_RT=--realtime
 if [ "$REALTIME" = 0 ]; then MS_RT=""; PLUGIN_ARGS="realtime=0${PLUGIN_ARGS:+ $PLUGIN_ARGS}"; fi
@@ -118,6 +129,7 @@ NBDKIT_PIDFILE=/run/nbdkit.pid
 CG=/sys/fs/cgroup/swaptest
 MS_PID=""
 NBDKIT_PID=""
+ETCD_PID=""            # twohost etcd: VM A's etcd
 CUR=""                 # label of the current run (memory/tcp/rdma/kill)
 RDMA_OK=0
 SWAPDEV=/dev/nbd0      # /dev/mapper/$CRYPT_NAME in crypt runs
@@ -164,6 +176,8 @@ diagnostics() {
         [ -e "$_f" ] && file_tail "$_f" 20 "memserver log"
     done
     file_tail "$STATUSFILE" 30 "plugin statusfile"
+    file_tail /run/etcd.log 30 "etcd log"
+    file_tail /run/etcdctl.out 10 "last etcdctl output"
     file_tail /run/nbddrive.out 20 "nbddrive output"
     if [ -s /run/nbdkit.log ]; then
         echo "----- nbdkit log (first 20 lines of /run/nbdkit.log) -----"
@@ -230,6 +244,18 @@ wait_until() {
         [ "$_n" -ge "$_lim" ] && return 1
         sleep 0.2
         _n=$((_n + 1))
+    done
+    return 0
+}
+
+# wait_secs SECONDS CMD...: like wait_until, but bounded by the clock, for a CMD that takes long
+# itself (etcdctl under TCG): poll every 0.5 s; 0 when CMD succeeds, 1 after SECONDS
+wait_secs() {
+    _ws_end=$(awk -v u="$(uptime_s)" -v s="$1" 'BEGIN { printf "%d", u + s }')
+    shift
+    while ! "$@"; do
+        [ "$(uptime_s | cut -d. -f1)" -ge "$_ws_end" ] && return 1
+        sleep 0.5
     done
     return 0
 }
@@ -448,10 +474,10 @@ ms_ready() { alive "$MS_PID" && ctl_ok; }
 
 # start_memserver TRANSPORT
 start_memserver() {
-    say "starting rdmaswap-memserver --transport $1 --capacity $CAPACITY --slab-size $SLAB $MS_RT"
+    say "starting rdmaswap-memserver --transport $1 --capacity $CAPACITY --slab-size $SLAB $MS_RT${MS_ARGS:+ $MS_ARGS}"
     # shellcheck disable=SC2086
     $MS_WRAP rdmaswap-memserver --listen "$ADDR" --port "$PORT" --capacity "$CAPACITY" \
-        --slab-size "$SLAB" --transport "$1" --auth-key "$AUTH_KEY" $MS_RT > "$MS_LOG" 2>&1 &
+        --slab-size "$SLAB" --transport "$1" --auth-key "$AUTH_KEY" $MS_RT $MS_ARGS > "$MS_LOG" 2>&1 &
     MS_PID=$!
     echo -1000 > "/proc/$MS_PID/oom_score_adj" 2>/dev/null
     _t0=$(uptime_s)
@@ -2019,15 +2045,54 @@ print_bench() {
 # loopback).  Messages (peer_send/peer_recv): B -> A "scan" once B's swap run is done and its
 # pages are still in A's pool; A scans its memserver and answers "scanned N"; B tears down and
 # sends "done"; A stops its memserver.  Either side sends "FAIL ..." when it fails.
+# ETCD=1 (run-vm-test.sh --etcd): A also runs a single-member etcd on $ETCD_URL, its memserver
+# registers there (--etcd --advertise), and B's plugin gets etcd= and no server=: it must find
+# the donor through etcd.
+
+# etcdctl_run ARGS...: etcdctl against A's etcd, bounded; its output in /run/etcdctl.out
+etcdctl_run() {
+    run_bounded 20 /run/etcdctl.out etcdctl --endpoints "$ETCD_URL" --dial-timeout=2s \
+        --command-timeout=5s "$@"
+}
+# etcd_donor_listed: the only key under <prefix>donors/ is the memserver's, its addr its own
+etcd_donor_listed() {
+    etcdctl_run get --prefix "${ETCD_PREFIX}donors/" || return 1
+    [ "$(wc -l < /run/etcdctl.out)" = 2 ] && [ "$(sed -n 1p /run/etcdctl.out)" = "$DONOR_KEY" ] \
+        && sed -n 2p /run/etcdctl.out | grep -qF "\"addr\":\"$ADDR:$PORT\""
+}
+etcd_ready() { alive "$ETCD_PID" && etcdctl_run endpoint health; }
+
+start_etcd() {
+    say "[server] starting etcd $(etcd --version 2>/dev/null | sed -n 's/^etcd Version: //p') on $ETCD_URL"
+    etcd --name vm-a --data-dir /run/etcd --listen-client-urls "$ETCD_URL" \
+        --advertise-client-urls "$ETCD_URL" --listen-peer-urls "http://$ADDR:$ETCD_PEER_PORT" \
+        --initial-advertise-peer-urls "http://$ADDR:$ETCD_PEER_PORT" \
+        --initial-cluster "vm-a=http://$ADDR:$ETCD_PEER_PORT" --initial-cluster-state new \
+        --heartbeat-interval 100 --election-timeout 500 --logger zap --log-level warn \
+        > /run/etcd.log 2>&1 &
+    ETCD_PID=$!
+    _t0=$(uptime_s)
+    wait_secs "$ETCD_WAIT" eval 'etcd_ready || ! alive $ETCD_PID' \
+        || fail "[server] etcd did not answer on $ETCD_URL within $ETCD_WAIT s"
+    alive "$ETCD_PID" || fail "[server] etcd exited during start-up"
+    say "[server] etcd healthy after $(elapsed "$_t0" "$(uptime_s)") s (pid $ETCD_PID)"
+}
 
 twohost_server() {
     CUR=server
+    [ "$ETCD" = 1 ] && start_etcd
     _ib=""
     if command -v ib_read_lat > /dev/null 2>&1; then
         ib_read_lat -d rxe0 -x 1 -s 4096 -n 50 > /run/ib-server.log 2>&1 &
         _ib=$!
     fi
+    [ "$ETCD" = 1 ] && MS_ARGS="--etcd $ETCD_URL --advertise $ADDR:$PORT --etcd-prefix $ETCD_PREFIX"
     start_memserver rdma
+    if [ "$ETCD" = 1 ]; then
+        wait_secs "$ETCD_WAIT" etcd_donor_listed \
+            || fail "[server] the memserver is not registered in etcd: no key $DONOR_KEY with addr $ADDR:$PORT (and no other) under ${ETCD_PREFIX}donors/ within $ETCD_WAIT s"
+        say "[server] etcd: $(sed -n 1p /run/etcdctl.out) = $(sed -n 2p /run/etcdctl.out)"
+    fi
     say "[server] waiting up to $PEER_WAIT s for the client"
     _msg=$(peer_recv "$PEER_WAIT")
     [ -z "$_ib" ] || kill -9 "$_ib" 2>/dev/null
@@ -2057,6 +2122,16 @@ twohost_server() {
     [ "$_rb" = 0 ] && [ "$_wb" = 0 ] \
         || fail "[server] memserver CPU moved pages: tcp_read_bytes=${_rb:-missing} tcp_write_bytes=${_wb:-missing}"
     stop_memserver
+    if [ "$ETCD" = 1 ]; then
+        # a clean stop deletes the key before the memserver exits (docs/deployment.md)
+        etcdctl_run get --prefix "${ETCD_PREFIX}donors/" \
+            || fail "[server] etcdctl get --prefix ${ETCD_PREFIX}donors/ failed at the end"
+        [ ! -s /run/etcdctl.out ] \
+            || fail "[server] etcd still lists $(head -n 1 /run/etcdctl.out) after the memserver's clean stop"
+        kill -TERM "$ETCD_PID" 2>/dev/null
+        wait_until 20 eval '! alive $ETCD_PID' || kill -9 "$ETCD_PID" 2>/dev/null
+        say "[server] the key left etcd with the memserver; etcd stopped"
+    fi
     check_dmesg
     say "[server] PASS: the client's $_scanned swapped pages were in this pool, no TCP data bytes"
 }
@@ -2067,6 +2142,12 @@ twohost_client() {
     wait_until "$SERVER_WAIT_PEER" ctl_ok \
         || fail "[client] the memserver on $ADDR did not answer within $SERVER_WAIT_PEER s"
     say "[client] memserver on $ADDR answers after $(elapsed "$_t0" "$(uptime_s)") s"
+    if [ "$ETCD" = 1 ]; then
+        # the plugin lists etcd once, at its start: wait until the donor is registered
+        wait_secs "$SERVER_WAIT_PEER" etcd_donor_listed \
+            || fail "[client] etcd on $ETCD_URL does not list the memserver ($DONOR_KEY) within $SERVER_WAIT_PEER s"
+        say "[client] etcd lists $DONOR_KEY after $(elapsed "$_t0" "$(uptime_s)") s"
+    fi
     if command -v ib_read_lat > /dev/null 2>&1; then
         run_bounded 60 /run/ib-client.log ib_read_lat -d rxe0 -x 1 -s 4096 -n 50 "$ADDR" \
             || { cat /run/ib-client.log; fail "[client] ib_read_lat to $ADDR over rxe0 failed (Soft-RoCE between the VMs)"; }
@@ -2074,9 +2155,25 @@ twohost_client() {
             "$(awk '$1 == 4096 { print "typical", $5, "max", $4 }' /run/ib-client.log)"
     fi
     : > /run/nbdkit.log
-    # shellcheck disable=SC2086
-    start_nbdkit rdmaswap "server=$ADDR:$PORT" "size=$NBD_SIZE" transport=rdma \
-        "auth-key=$AUTH_KEY" $PLUGIN_ARGS
+    if [ "$ETCD" = 1 ]; then
+        # no server=: the donor can come from etcd only (there is no donor cache yet, and the
+        # cache is written only after a listing in etcd that gave donors)
+        ls "$STATE_DIRECTORY"/*.donors > /dev/null 2>&1 \
+            && fail "[client] a donor cache exists before nbdkit started: $(ls "$STATE_DIRECTORY"/*.donors)"
+        # shellcheck disable=SC2086
+        start_nbdkit rdmaswap "etcd=$ETCD_URL" "etcd-prefix=$ETCD_PREFIX" "statusfile=$STATUSFILE" \
+            "size=$NBD_SIZE" transport=rdma "auth-key=$AUTH_KEY" $PLUGIN_ARGS
+        _cache=$(ls "$STATE_DIRECTORY"/*.donors 2>/dev/null)
+        [ -n "$_cache" ] && [ "$(echo "$_cache" | wc -l)" = 1 ] \
+            || fail "[client] the plugin wrote no donor cache in $STATE_DIRECTORY: it did not list the donors in etcd"
+        grep -qF "\"donors\":[\"$ADDR:$PORT\"]" "$_cache" && grep -qF "\"prefix\":\"$ETCD_PREFIX\"" "$_cache" \
+            || fail "[client] the plugin's donor cache $_cache does not list $ADDR:$PORT under $ETCD_PREFIX: $(cat "$_cache")"
+        say "[client] the plugin found the donor in etcd: its donor cache $_cache says $(cat "$_cache")"
+    else
+        # shellcheck disable=SC2086
+        start_nbdkit rdmaswap "server=$ADDR:$PORT" "size=$NBD_SIZE" transport=rdma \
+            "auth-key=$AUTH_KEY" $PLUGIN_ARGS
+    fi
 
     # plain block I/O first: a few MiB written, read back after dropping the page cache
     nbd_connect
@@ -2093,6 +2190,12 @@ twohost_client() {
     rm -f /run/pattern /run/readback
     say "[client] $DD_MIB MiB written in $(elapsed "$_t0" "$_t1") s and read back intact in" \
         "$(elapsed "$_t1" "$_t2") s"
+    if [ "$ETCD" = 1 ]; then
+        # the donor etcd gave holds the slabs (the status file is rewritten every second)
+        wait_secs 15 grep -qE "^donor\.[0-9]+=$ADDR:$PORT state=ok slabs=[1-9]" "$STATUSFILE" \
+            || fail "[client] the plugin's status does not show slabs on $ADDR:$PORT: $(grep '^donor' "$STATUSFILE" 2>/dev/null | tr '\n' ' ')"
+        say "[client] status: $(grep '^donor' "$STATUSFILE" | tr '\n' ' ')"
+    fi
     nbd_disconnect
 
     # then swap: the workload in a small cgroup

@@ -18,6 +18,10 @@ usage: run-vm-test.sh [--mode rdma|tcp|memory|kill|pressure|twohost] [--bench] [
                     pressure: memory pressure on the whole VM (no cgroup), see --transport
                     twohost: two VMs joined by a qemu socket netdev: VM A runs the memserver,
                     VM B nbdkit + plugin over RDMA, nbd-client and swap (a few MiB only)
+  --etcd            twohost: VM A also runs a single-member etcd (the host's /usr/bin/etcd,
+                    copied in), its memserver registers there (--etcd --advertise), and VM B's
+                    plugin gets etcd= and no server=: it must find the donor through etcd
+                    (skips, exit 77, without etcd and etcdctl: etcd-server, etcd-client)
   --transport L     pressure: comma-separated transports, run in this order in one boot:
                     rdma (default), tcp, memory
   --crypt           swap through dm-crypt (plain, random key, aes-xts-plain64) over /dev/nbd0,
@@ -119,6 +123,7 @@ BENCH=0
 BENCH_MODES=rdma,tcp,memory
 TRANSPORTS=rdma
 CRYPT=0
+ETCD=0
 PREFILL=0
 PLUGIN_ARGS=""
 REALTIME=1
@@ -175,6 +180,7 @@ while [ $# -gt 0 ]; do
         --bench-modes) BENCH_MODES=${2:?}; shift ;;
         --transport) TRANSPORTS=${2:?}; shift ;;
         --crypt) CRYPT=1 ;;
+        --etcd) ETCD=1 ;;
         --prefill) PREFILL=1 ;;
         --plugin-args) PLUGIN_ARGS=${2?}; shift ;;
         --no-realtime) REALTIME=0 ;;
@@ -232,6 +238,7 @@ case "$KILL_TRANSPORT" in rdma|tcp) ;; *) die "--kill-transport must be rdma or 
 [ "$BENCH" = 0 ] || [ "$MODE" != runs ] || die "--bench and --runs do not combine"
 [ "$CRYPT" = 0 ] || [ "$MODE" != runs ] || die "--crypt and --runs do not combine (name the runs crypt-...)"
 case "$MODE" in kill|twohost) [ "$CRYPT" = 0 ] || die "--crypt does not apply to --mode $MODE" ;; esac
+[ "$ETCD" = 0 ] || [ "$MODE" = twohost ] || die "--etcd needs --mode twohost"
 
 # The swap runs of this boot (guest RUNS): [pressure-][crypt-]rdma|tcp|memory
 cpfx=""
@@ -351,6 +358,15 @@ done
 [ -n "$KVER" ] || skip "no /boot/vmlinuz-*-amd64 with /lib/modules/<ver> (apt-get install linux-image-amd64)"
 KERNEL=/boot/vmlinuz-$KVER
 [ -r "$KERNEL" ] || skip "$KERNEL is not readable"
+# --etcd: the host's etcd and etcdctl go into the image
+ETCD_BIN="" ETCDCTL_BIN=""
+if [ "$ETCD" = 1 ]; then
+    ETCD_BIN=$(PATH=/usr/bin:/usr/sbin:$PATH command -v etcd || true)
+    ETCDCTL_BIN=$(PATH=/usr/bin:/usr/sbin:$PATH command -v etcdctl || true)
+    # (bash's command -v names a file that is not executable if it finds no other)
+    [ -f "$ETCD_BIN" ] && [ -x "$ETCD_BIN" ] && [ -f "$ETCDCTL_BIN" ] && [ -x "$ETCDCTL_BIN" ] \
+        || skip "--etcd needs etcd and etcdctl on the host (apt-get install etcd-server etcd-client)"
+fi
 
 # ----- host tools (their absence is a failure, not a skip) --------------------------------------
 need_cmd() {
@@ -503,6 +519,7 @@ trap 'exit 143' TERM
 
 if [ -z "$LOG" ]; then
     LOG=$RDMASWAP_BUILD/vm-test-logs/$MODE.log
+    [ "$ETCD" = 0 ] || LOG=$RDMASWAP_BUILD/vm-test-logs/$MODE-etcd.log
 fi
 mkdir -p "$(dirname "$LOG")"
 LOG=$(cd "$(dirname "$LOG")" && pwd)/$(basename "$LOG")
@@ -587,6 +604,9 @@ done
 [ -z "$TC" ] || add_elf "$TC" /usr/sbin/tc
 [ -z "$NFT" ] || add_elf "$NFT" /usr/sbin/nft
 [ -z "$CHRT" ] || add_elf "$CHRT" /usr/bin/chrt   # the injector runs real-time
+# twohost --etcd: etcd (VM A) and etcdctl (both VMs; ~38 MiB together)
+[ -z "$ETCD_BIN" ] || add_elf "$ETCD_BIN" /usr/bin/etcd
+[ -z "$ETCDCTL_BIN" ] || add_elf "$ETCDCTL_BIN" /usr/bin/etcdctl
 # acct runs: fio (its nbd engine is built in; its libraries are ~80 MiB, so only then)
 [ -z "$FIO" ] || add_elf "$FIO" /usr/bin/fio
 # app runs: redis, and the data set as redis protocol for redis-cli --pipe: APP_KEYS SETs of
@@ -681,6 +701,7 @@ PEER_WAIT=$((TIMEOUT - 60))
 cat > "$ROOT/etc/rdmaswap-vm.conf" <<EOF
 MODE=$MODE
 RUNS="$RUNS"
+ETCD=$ETCD
 MIB=$MIB
 CG_MAX=$CG_MAX
 CAPACITY=$CAPACITY
@@ -720,10 +741,12 @@ mkdir -p "$ROOT/etc/rdmaswap"
 (umask 077 && head -c 32 /dev/urandom | od -An -tx1 | tr -d ' \n' >"$ROOT/etc/rdmaswap/auth.key")
 mknod -m 0600 "$ROOT/dev/console" c 5 1 2> /dev/null || true
 
+MODE_LABEL=$MODE   # for the messages
+[ "$ETCD" = 0 ] || MODE_LABEL="$MODE --etcd"
 INITRD=$WORK/initramfs.cpio
 (cd "$ROOT" && find . -print0 | LC_ALL=C sort -z | "$CPIO" --null -o -H newc -R 0:0 --quiet) > "$INITRD"
 note "kernel $KERNEL, initramfs $(du -m "$INITRD" | cut -f1) MiB, $(wc -l < "$MODLIST") modules," \
-    "mode $MODE${RUNS:+ ($RUNS)}, mib $MIB, ${MEM} MiB RAM, timeout ${TIMEOUT}s"
+    "mode $MODE_LABEL${RUNS:+ ($RUNS)}, mib $MIB, ${MEM} MiB RAM, timeout ${TIMEOUT}s"
 [ "$has_soak" = 0 ] || note "soak: $SOAK_SECONDS s, seed $SOAK_SEED (--soak-seed $SOAK_SEED replays the faults)"
 
 # ----- boot ------------------------------------------------------------------------------------------
@@ -784,7 +807,9 @@ start_vm() {
     QPIDS[$name]=$!
     if [ "$SYSRQ_BEFORE" -gt 0 ] && [ "$TIMEOUT" -gt $((SYSRQ_BEFORE + 10)) ]; then
         (
-            sleep $((TIMEOUT - SYSRQ_BEFORE))
+            # stop_watchers kills this sleep, then this subshell: without the exit it could
+            # still print the note in between (seen after a VM that had finished in 62 s)
+            sleep $((TIMEOUT - SYSRQ_BEFORE)) || exit 0
             note "VM $name still running $SYSRQ_BEFORE s before its time-out: SysRq w, m, l, t to its console"
             sysrq_dump "$mport"
         ) > /dev/null &
@@ -896,8 +921,8 @@ for n in "${VM_NAMES[@]}"; do
     fi
 done
 if [ ${#failed[@]} = 0 ]; then
-    note "PASS: mode $MODE${RUNS:+ ($RUNS)} in ${SECS}s (log: ${VM_LOG[*]})"
+    note "PASS: mode $MODE_LABEL${RUNS:+ ($RUNS)} in ${SECS}s (log: ${VM_LOG[*]})"
     exit 0
 fi
-note "FAIL: $(printf '%s; ' "${failed[@]}")(mode $MODE, ${SECS}s, log: ${VM_LOG[*]})"
+note "FAIL: $(printf '%s; ' "${failed[@]}")(mode $MODE_LABEL, ${SECS}s, log: ${VM_LOG[*]})"
 exit 1
