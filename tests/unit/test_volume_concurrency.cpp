@@ -140,16 +140,21 @@ TEST_CASE("volume: a give-back move completes under a steady read load, and read
 	});
 	std::this_thread::sleep_for(std::chrono::milliseconds(50));
 	worst = 0;
+	const auto t_move = Clock::now();
 	from->want_all();
 	const bool moved = eventually([&] { return v->stats().migrated == 1; },
 				      std::chrono::seconds(10));
+	const double move_ms = ms_since(t_move);
 	readers.stop();
 	CHECK(moved);
 	CHECK(readers.errors() == 0);
-	INFO("longest read during the move: " << worst.load() << " ms");
+	INFO("longest read during the move: " << worst.load() << " ms; the move took " << move_ms
+					       << " ms");
 	// A read is a 2 ms round trip (plus waiting for a channel); the copy is about 10 round
-	// trips pipelined, or 32 one after the other (256 KiB at a time, read then write).
-	CHECK(worst.load() < 30);
+	// trips pipelined, or 32 one after the other (256 KiB at a time, read then write). A move
+	// that held the slab for the whole copy makes a read wait about as long as the move; a
+	// loaded machine (a sanitizer build beside another) stretches both alike.
+	CHECK(worst.load() < std::max(30.0, move_ms / 2));
 	CHECK(from->live_slabs() == 0);
 	CHECK(compare_all(*v, shadow) == -1);
 	check_no_violations(bs);
