@@ -494,6 +494,11 @@ void Membership::watch_loop()
 			}
 			continue;
 		}
+		{
+			std::lock_guard lock(mu_);
+			if (stop_)
+				return; // interrupted by stop(): not a failure of etcd
+		}
 		if (!failing)
 			log->warn("etcd: cannot watch the donors ({}); the donors known stay in use, "
 				  "retrying",
