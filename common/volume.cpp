@@ -334,10 +334,11 @@ bool Volume::close_idle_server(size_t i)
 		return false;
 	}
 	// Nothing of the volume is there and nothing can be placed there: no thread posts to
-	// these paths; each is closed with its channel held all the same.
+	// these paths; each is closed with its channel held all the same (one deadline for all).
 	unsigned open = 0;
+	const auto deadline = Clock::now() + timeout_;
 	for (auto &ch : channels_) {
-		if (!ch->mu.try_lock_for(timeout_)) {
+		if (!ch->mu.try_lock_until(deadline)) {
 			open++;
 			continue;
 		}

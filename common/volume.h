@@ -215,7 +215,8 @@ public:
 	// Disconnect donor i if the volume holds nothing there (no slab, none being placed, no
 	// floor: Server::close_if_idle): from then on it gets no slab and no floor, its session's
 	// connections and its data paths are closed (each I/O channel's path with the channel
-	// held, waiting for it at most the timeout; the maintenance thread closes its own), and
+	// held, waiting for the channels at most the timeout in all; the maintenance thread closes
+	// its own), and
 	// its index is never used again (a donor wanted again is added anew). True if closed.
 	// Control path (Membership's thread): may wait for a control call in progress.
 	bool close_idle_server(size_t i);
