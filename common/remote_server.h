@@ -71,7 +71,6 @@ public:
 	int list_volume(std::vector<proto::VolumeEntry> &slabs,
 			std::vector<proto::VolumeEntry> &floors) override;
 	bool close_if_idle() override;
-	bool closed() const override { return closed_.load(); }
 
 private:
 	// After a control call with an unknown outcome (e.g. an ALLOC that timed out but that the

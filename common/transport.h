@@ -196,7 +196,6 @@ public:
 	// something or may, and nothing changed. The data paths are closed by their owners
 	// (Volume::close_idle_server). Control path: may wait for a control call in progress.
 	virtual bool close_if_idle() { return false; }
-	virtual bool closed() const { return false; }
 };
 
 } // namespace rdmaswap

@@ -407,7 +407,6 @@ void Volume::repair_loop()
 	auto log = logger("volume");
 	Channel &ch = *maint_ch_; // this thread's alone
 	uint64_t last_logged = 0;
-	std::vector<bool> path_closed(max_servers_, false); // ch.paths[i] closed (closed(i))
 	for (;;) {
 		{
 			std::unique_lock lock(repair_mu_);
@@ -419,13 +418,10 @@ void Volume::repair_loop()
 		}
 		// Give back slabs forgotten on donors that failed, once they answer again.
 		for (size_t i = 0, n = servers(); i < n; i++) {
-			if (sstate_[i].closed.load()) {
-				if (!path_closed[i])
-					ch.paths[i]->close_for_good();
-				path_closed[i] = true;
-			} else if (!is_down(uint16_t(i))) {
+			if (sstate_[i].closed.load()) // (closing a closed path does nothing)
+				ch.paths[i]->close_for_good();
+			else if (!is_down(uint16_t(i)))
 				servers_[i]->housekeeping();
-			}
 		}
 		// Give-back: move the slabs donors want back, before anything else.
 		const uint64_t stuck = migrate_wanted(ch);

@@ -102,7 +102,6 @@ public:
 	// with ENOTCONN at once and nothing reconnects. The server detaches our session (kept
 	// for its volume's lease when it is bound to one).
 	void close();
-	bool closed() const { return closed_.load(); }
 
 private:
 	int call(proto::Op op, std::span<const std::byte> body, std::span<std::byte> reply,

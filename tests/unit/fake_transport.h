@@ -392,7 +392,6 @@ public:
 		b_->closed = true;
 		return true;
 	}
-	bool closed() const override { return b_->closed.load(); }
 
 	bool bound() const override { return b_->bound.load(); }
 	bool reattached() const override { return reattached_; }

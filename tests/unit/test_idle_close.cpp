@@ -25,16 +25,6 @@ size_t holder_of(const std::vector<std::shared_ptr<FakeBackend>> &bs)
 	return bs.size();
 }
 
-bool wait_for(const std::function<bool()> &f)
-{
-	for (int i = 0; i < 500; i++) {
-		if (f())
-			return true;
-		std::this_thread::sleep_for(std::chrono::milliseconds(10));
-	}
-	return f();
-}
-
 } // namespace
 
 TEST_CASE("idle close: only a donor holding nothing is closed; it gets nothing afterwards",
@@ -59,7 +49,7 @@ TEST_CASE("idle close: only a donor holding nothing is closed; it gets nothing a
 	CHECK_FALSE(v->close_idle_server(idle)); // once
 	// Every I/O channel's path at once, the maintenance thread's soon after.
 	CHECK(bs[idle]->paths_closed.load() >= 2);
-	CHECK(wait_for([&] { return bs[idle]->paths_closed.load() == 3; }));
+	CHECK(eventually([&] { return bs[idle]->paths_closed.load() == 3; }, std::chrono::seconds(5)));
 	CHECK(v->status_text().find(bs[idle]->name + " state=closed ") != std::string::npos);
 	CHECK(v->metrics_text().find("state=\"closed\"} 1") != std::string::npos);
 
