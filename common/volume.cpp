@@ -60,6 +60,8 @@ Volume::Volume(std::vector<std::unique_ptr<Server>> servers, const VolumeOptions
 		throw std::runtime_error("volume size must be greater than 0");
 	if (opts.channels == 0 || opts.channels > 1024)
 		throw std::runtime_error("channels must be between 1 and 1024");
+	if (opts.paths == 0 || opts.paths > 1024)
+		throw std::runtime_error("paths must be between 1 and 1024");
 	if (opts.replicas == 0 || opts.replicas > kMaxReplicas)
 		throw std::runtime_error("replicas must be between 1 and " +
 					 std::to_string(kMaxReplicas));
@@ -109,20 +111,23 @@ Volume::Volume(std::vector<std::unique_ptr<Server>> servers, const VolumeOptions
 		logger("volume")->warn("cannot lock {} bytes of channel buffers: {}", region_len_,
 				       std::strerror(errno));
 	std::span<std::byte> region(region_, region_len_);
+	npaths_ = std::min(opts.paths, nch);
 	try {
 		for (unsigned i = 0; i <= nch; i++) {
 			auto ch = std::make_unique<Channel>();
 			ch->buf = region_ + size_t(i) * buffer_size_;
 			ch->index = i;
-			ch->paths = std::make_unique<std::unique_ptr<DataPath>[]>(max_servers_);
-			for (size_t k = 0; k < nstart; k++)
-				ch->paths[k] = start[k]->open_data_path(region);
 			if (i < nch)
 				channels_.push_back(std::move(ch));
 			else
 				maint_ch_ = std::move(ch);
 		}
+		maint_ch_->paths = std::make_unique<std::unique_ptr<DataPath>[]>(max_servers_);
+		io_paths_ = std::make_unique<std::unique_ptr<SharedPath[]>[]>(max_servers_);
+		for (size_t k = 0; k < nstart; k++)
+			open_paths(k, *start[k]);
 	} catch (...) {
+		io_paths_.reset();
 		channels_.clear();
 		maint_ch_.reset();
 		munmap(region_, region_len_);
@@ -135,6 +140,7 @@ Volume::Volume(std::vector<std::unique_ptr<Server>> servers, const VolumeOptions
 		try {
 			recover(opts.missing_servers);
 		} catch (...) {
+			io_paths_.reset();
 			channels_.clear();
 			maint_ch_.reset();
 			munmap(region_, region_len_);
@@ -144,6 +150,7 @@ Volume::Volume(std::vector<std::unique_ptr<Server>> servers, const VolumeOptions
 	try {
 		open_backup(opts);
 	} catch (...) {
+		io_paths_.reset();
 		channels_.clear();
 		maint_ch_.reset();
 		munmap(region_, region_len_);
@@ -277,14 +284,7 @@ size_t Volume::add_server(std::unique_ptr<Server> server)
 	// The paths first (network waits, no lock of the data path held), then the server
 	// becomes visible. A channel's slot for `i` is read only by whoever learnt `i` after the
 	// release store below.
-	std::span<std::byte> region(region_, region_len_);
-	std::vector<std::unique_ptr<DataPath>> paths;
-	paths.reserve(channels_.size() + 1);
-	for (size_t k = 0; k <= channels_.size(); k++)
-		paths.push_back(server->open_data_path(region));
-	for (size_t k = 0; k < channels_.size(); k++)
-		channels_[k]->paths[i] = std::move(paths[k]);
-	maint_ch_->paths[i] = std::move(paths.back());
+	open_paths(i, *server);
 	sstate_[i].gen.store(0);
 	sstate_[i].down_until.store(0);
 	sstate_[i].used.store(0);
@@ -297,6 +297,17 @@ size_t Volume::add_server(std::unique_ptr<Server> server)
 	logger("volume")->info("memserver {} added: {} donors now", servers_[i]->name(), i + 1);
 	kick_repair(); // degraded slabs may have a place now
 	return i;
+}
+
+void Volume::open_paths(size_t i, Server &s)
+{
+	std::span<std::byte> region(region_, region_len_);
+	auto io = std::make_unique<SharedPath[]>(npaths_);
+	for (unsigned k = 0; k < npaths_; k++)
+		io[k].dp = s.open_data_path(region);
+	auto maint = s.open_data_path(region);
+	io_paths_[i] = std::move(io);
+	maint_ch_->paths[i] = std::move(maint);
 }
 
 void Volume::set_retired(size_t i, bool retired)
@@ -334,16 +345,17 @@ bool Volume::close_idle_server(size_t i)
 		return false;
 	}
 	// Nothing of the volume is there and nothing can be placed there: no thread posts to
-	// these paths; each is closed with its channel held all the same (one deadline for all).
+	// these paths; each is closed with its lock held all the same (one deadline for all).
 	unsigned open = 0;
 	const auto deadline = Clock::now() + timeout_;
-	for (auto &ch : channels_) {
-		if (!ch->mu.try_lock_until(deadline)) {
+	for (unsigned k = 0; k < npaths_; k++) {
+		SharedPath &p = io_paths_[i][k];
+		if (!p.mu.try_lock_until(deadline)) {
 			open++;
 			continue;
 		}
-		ch->paths[i]->close_for_good();
-		ch->mu.unlock();
+		p.dp->close_for_good();
+		p.mu.unlock();
 	}
 	kick_repair(); // the maintenance thread closes its own path to it
 	if (open)
@@ -382,7 +394,8 @@ Volume::~Volume()
 			backup_->set_live(i, slabs_[i].nrep != 0 || slabs_[i].lost);
 		backup_.reset(); // writes out its queue, then marks the file clean if it can
 	}
-	channels_.clear(); // data paths reference the region: drop them first
+	io_paths_.reset(); // data paths reference the region: drop them first
+	channels_.clear();
 	maint_ch_.reset();
 	if (region_)
 		munmap(region_, region_len_);

@@ -52,10 +52,15 @@ namespace rdmaswap {
 
 struct VolumeOptions {
 	uint64_t size = 0;
-	// Data channels (each with its own connection to every server and its own registered
-	// buffer). Worker threads map onto them; more threads than channels share with a
-	// per-channel lock.
+	// Data channels (each with its own registered buffer). Worker threads map onto them;
+	// more threads than channels share with a per-channel lock.
 	unsigned channels = 16;
+	// Data connections (RDMA: queue pairs) to each donor for I/O, shared by the channels:
+	// a request takes one that is free (each has a lock), else waits for its channel's
+	// usual one (channel index % paths), up to the timeout. A donor carries
+	// min(paths, channels) + 1 of them per volume (the one more: the repair thread's),
+	// whatever `channels` is. 1..1024.
+	unsigned paths = 4;
 	// Registered bounce buffer per channel; requests larger than this are split.
 	size_t buffer_size = 256 * 1024;
 	// Bound on every wait of one operation: a data round trip, a control call, a channel or
@@ -77,7 +82,7 @@ struct VolumeOptions {
 	// donor set), so handing nothing back is expected of them. Default: all may.
 	size_t start_holders = SIZE_MAX;
 	// Donors the volume can ever use, those at start and those added later (add_server()):
-	// every per-donor table (states, each channel's data paths) is allocated for this many
+	// every per-donor table (states, data paths) is allocated for this many
 	// at construction, so that the data path never allocates. 1..kMaxServers.
 	unsigned max_servers = 4096;
 	// The disk backup tier (backup.h): empty: none. Every write also goes to this file; it
@@ -131,7 +136,7 @@ struct VolumeReport {
 	LatencySnapshot read_latency, write_latency; // every read and write, failed ones too
 	DataPathCounters dp;
 	std::array<std::array<uint64_t, kVolumeErrs>, kVolumeOps> errors{};
-	uint64_t lock_timeouts = 0; // no channel or slab lock within the bound (then EIO)
+	uint64_t lock_timeouts = 0; // no channel, slab or path lock within the bound
 	struct Donor {
 		std::string name;   // host:port
 		// "ok", "failed" (cooling down), "lost" (session gone), "retired" (no new slabs:
@@ -151,7 +156,7 @@ public:
 	static constexpr unsigned kMaxReplicas = 3;
 
 	// Takes ownership of connected servers (at least one; all must report the same slab size)
-	// and opens every channel's data paths. Throws std::runtime_error with a clear message.
+	// and opens their data paths. Throws std::runtime_error with a clear message.
 	Volume(std::vector<std::unique_ptr<Server>> servers, const VolumeOptions &opts);
 	~Volume();
 	Volume(const Volume &) = delete;
@@ -188,8 +193,8 @@ public:
 	// ---- Donors added and retired while the volume serves (control path) ----
 	// Add a connected server (same slab size, max_io >= the channel buffer, bound to the
 	// volume iff the others are, and not holding slabs kept for the volume from an earlier
-	// run: those are taken over only at start). Opens a data path to it on every channel
-	// (network waits; no lock the data path needs is held), then publishes it: from then on
+	// run: those are taken over only at start). Opens its data paths (min(paths, channels)
+	// + 1: network waits; no lock the data path needs is held), then publishes it: from then on
 	// placement may choose it. Returns its index (stable for the volume's life). Throws
 	// std::runtime_error, naming the server and why, if it does not fit or the paths fail,
 	// or when max_servers donors were added already. Calls are serialised.
@@ -214,9 +219,8 @@ public:
 	uint32_t holds(size_t i) const { return sstate_[i].used.load() + sstate_[i].placing.load(); }
 	// Disconnect donor i if the volume holds nothing there (no slab, none being placed, no
 	// floor: Server::close_if_idle): from then on it gets no slab and no floor, its session's
-	// connections and its data paths are closed (each I/O channel's path with the channel
-	// held, waiting for the channels at most the timeout in all; the maintenance thread closes
-	// its own), and
+	// connections and its data paths are closed (each I/O path with its lock held, waiting
+	// for the paths at most the timeout in all; the maintenance thread closes its own), and
 	// its index is never used again (a donor wanted again is added anew). True if closed.
 	// Control path (Membership's thread): may wait for a control call in progress.
 	bool close_idle_server(size_t i);
@@ -296,11 +300,10 @@ private:
 	};
 	struct Channel {
 		TimedMutex mu;
-		unsigned index = 0; // its backup queue (I/O channels)
+		unsigned index = 0; // its backup queue and its I/O paths' slot (I/O channels)
 		std::byte *buf = nullptr;
-		// One per server, max_servers of them (null until the server is added); a path is
-		// set before the server is published (nservers_), so whoever got the server's index
-		// from a replica or from placement finds its path.
+		// The maintenance channel's own data paths: one per server, max_servers of them
+		// (null until the server is added). I/O channels have none: they share io_paths_.
 		std::unique_ptr<std::unique_ptr<DataPath>[]> paths;
 		// Requests served and bytes moved (written under `mu`, read by report()).
 		SoloCounter reads, writes, read_bytes, write_bytes;
@@ -309,6 +312,14 @@ private:
 		// rarely add to the same counters. No lock.
 		LatencyHistogram read_latency, write_latency;
 	};
+	// A data path to one donor shared by the I/O channels (volume_io.cpp, HeldPaths): one
+	// thread posts and completes a batch on it at a time, under `mu`.
+	struct SharedPath {
+		TimedMutex mu;
+		std::unique_ptr<DataPath> dp;
+	};
+	// The shared paths one chunk's round posts to (volume_io.cpp).
+	class HeldPaths;
 	// A channel held by this thread until destroyed (null if none could be had in time).
 	class ChannelRef {
 	public:
@@ -467,6 +478,14 @@ private:
 	size_t region_len_ = 0;
 	std::vector<std::unique_ptr<Channel>> channels_; // I/O channels
 	std::unique_ptr<Channel> maint_ch_;              // the maintenance thread's (2 windows)
+	// The I/O channels' data paths: max_servers_ slots of npaths_ paths each (null until the
+	// server is added; set before the server is published (nservers_), so whoever got the
+	// server's index from a replica or from placement finds them).
+	unsigned npaths_ = 1;
+	std::unique_ptr<std::unique_ptr<SharedPath[]>[]> io_paths_;
+	// Opens npaths_ I/O paths and the maintenance path to `s` into slot i (setup: allocates,
+	// network waits). Throws std::runtime_error.
+	void open_paths(size_t i, Server &s);
 	CloneJob clone_job_;                             // one copy at a time (maintenance thread)
 	std::mutex place_mu_;  // placement (rng, load snapshot): allocation path only
 	std::minstd_rand rng_;

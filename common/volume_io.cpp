@@ -24,6 +24,80 @@ void unlock_pieces(Slabs &slabs, const Pieces *pieces, unsigned n)
 }
 } // namespace
 
+// The shared I/O paths of one chunk's round (at most one per replica of each piece), one per
+// donor: any of the donor's paths that is free, else its turn on the channel's usual one
+// (index % npaths_). Waits happen in ascending donor order, with at most one path per donor
+// held, so two threads wanting paths of the same donors never wait for each other in a cycle.
+// Holders of a path are inside one bounded batch (post, complete): a wait is bounded by them.
+// Unlocked together, at the latest when destroyed.
+class Volume::HeldPaths {
+public:
+	HeldPaths(const Volume &v, const Channel &ch) : v_(v), ch_(ch) {}
+	~HeldPaths() { release(); }
+	HeldPaths(const HeldPaths &) = delete;
+	HeldPaths &operator=(const HeldPaths &) = delete;
+
+	// Add `server` (once), not locked yet.
+	void want(uint16_t server)
+	{
+		for (unsigned k = 0; k < n_; k++)
+			if (ids_[k] == server)
+				return;
+		ids_[n_] = server;
+		held_[n_++] = nullptr;
+	}
+	bool empty() const { return n_ == 0; }
+	// Lock a path of every donor wanted, in ascending donor order, waiting for each at most
+	// one timeout (and not past `until`): a donor whose paths stay busy that long is slow (its
+	// holders wait on it), and one slow donor must not make the request give up on the
+	// others, whose paths a holder of the slow one's may keep as long. True if all were
+	// had; a donor whose paths stayed busy has none (locked() is false for it).
+	bool lock(Clock::time_point until)
+	{
+		std::sort(ids_, ids_ + n_); // (nothing is held yet)
+		bool all = true;
+		for (unsigned k = 0; k < n_; k++) {
+			SharedPath *paths = v_.io_paths_[ids_[k]].get();
+			const unsigned usual = ch_.index % v_.npaths_;
+			for (unsigned j = 0; j < v_.npaths_ && !held_[k]; j++) {
+				SharedPath &p = paths[(usual + j) % v_.npaths_];
+				if (p.mu.try_lock())
+					held_[k] = &p;
+			}
+			if (!held_[k] &&
+			    paths[usual].mu.try_lock_until(std::min(until, Clock::now() + v_.timeout_)))
+				held_[k] = &paths[usual];
+			all = all && held_[k];
+		}
+		return all;
+	}
+	bool locked(uint16_t server) const { return find(server) != nullptr; }
+	// The path held for `server` (locked(server) must be true).
+	DataPath &path(uint16_t server) const { return *find(server)->dp; }
+	void release()
+	{
+		for (unsigned k = 0; k < n_; k++)
+			if (held_[k])
+				held_[k]->mu.unlock();
+		n_ = 0;
+	}
+
+private:
+	SharedPath *find(uint16_t server) const
+	{
+		for (unsigned k = 0; k < n_; k++)
+			if (ids_[k] == server)
+				return held_[k];
+		return nullptr;
+	}
+
+	const Volume &v_;
+	const Channel &ch_;
+	uint16_t ids_[ChunkDonors::kCapacity];
+	SharedPath *held_[ChunkDonors::kCapacity];
+	unsigned n_ = 0;
+};
+
 int Volume::read_chunk(Channel &ch, uint64_t at, uint32_t len)
 {
 	Piece pieces[kMaxPieces];
@@ -43,6 +117,7 @@ int Volume::read_chunk(Channel &ch, uint64_t at, uint32_t len)
 	int err = 0;
 	for (unsigned round = 0; round <= kMaxReplicas && !err; round++) {
 		ChunkDonors used;
+		HeldPaths held(*this, ch);
 		std::fill(posted, posted + n, int8_t(-1)); // every piece, even after a break
 		for (unsigned i = 0; i < n && !err; i++) {
 			if (done[i])
@@ -79,15 +154,32 @@ int Volume::read_chunk(Channel &ch, uint64_t at, uint32_t len)
 			}
 			tried[i] |= uint8_t(1u << r);
 			posted[i] = int8_t(r);
-			const Replica &rep = s.rep[r];
-			used.add(rep.server, ch.paths[rep.server]->post_read(rep.grant, p.off, p.len,
-									      ch.buf + p.pos) != 0);
+			held.want(s.rep[r].server);
 		}
-		if (used.empty())
+		if (held.empty())
 			break;
+		// The paths, then the posts. A donor whose path was not had within one timeout
+		// is slow: its reads count as failed, as if they had timed out.
+		if (!held.lock(until))
+			lock_timeouts_.fetch_add(1, std::memory_order_relaxed);
+		for (unsigned i = 0; i < n; i++) {
+			if (posted[i] < 0)
+				continue;
+			const Piece &p = pieces[i];
+			const Replica &rep = slabs_[p.slab].rep[posted[i]];
+			if (!valid(rep)) { // invalidated while we waited: another replica next round
+				posted[i] = -1;
+				continue;
+			}
+			used.add(rep.server,
+				 !held.locked(rep.server) ||
+					 held.path(rep.server).post_read(rep.grant, p.off, p.len,
+									 ch.buf + p.pos) != 0);
+		}
 		for (unsigned k = 0; k < used.size(); k++)
-			if (ch.paths[used.id(k)]->complete() != 0)
+			if (held.locked(used.id(k)) && held.path(used.id(k)).complete() != 0)
 				used.set_failed(k);
+		held.release();
 		for (unsigned i = 0; i < n; i++) {
 			if (posted[i] < 0)
 				continue;
@@ -139,22 +231,42 @@ int Volume::write_chunk(Channel &ch, uint64_t at, uint32_t len, uint64_t *fence,
 		}
 	}
 	uint8_t posted[kMaxPieces] = {}; // replica indices written, per piece
+	HeldPaths held(*this, ch);
+	for (unsigned i = 0; i < n; i++) {
+		const Slab &s = slabs_[pieces[i].slab];
+		for (unsigned k = 0; k < s.nrep; k++)
+			if (valid(s.rep[k])) {
+				posted[i] |= uint8_t(1u << k);
+				held.want(s.rep[k].server);
+			}
+	}
+	// The paths, then the posts. A donor whose path was not had within one timeout is
+	// slow: its writes count as failed, as if they had timed out. A replica invalidated
+	// while we waited is skipped (it is never read again).
+	if (!held.lock(until))
+		lock_timeouts_.fetch_add(1, std::memory_order_relaxed);
 	ChunkDonors used;
 	for (unsigned i = 0; i < n; i++) {
 		const Piece &p = pieces[i];
 		const Slab &s = slabs_[p.slab];
 		for (unsigned k = 0; k < s.nrep; k++) {
 			const Replica &rep = s.rep[k];
-			if (!valid(rep))
+			if (!(posted[i] & (1u << k)))
 				continue;
-			posted[i] |= uint8_t(1u << k);
-			used.add(rep.server, ch.paths[rep.server]->post_write(rep.grant, p.off, p.len,
-									       ch.buf + p.pos) != 0);
+			if (!valid(rep)) {
+				posted[i] &= uint8_t(~(1u << k));
+				continue;
+			}
+			used.add(rep.server,
+				 !held.locked(rep.server) ||
+					 held.path(rep.server).post_write(rep.grant, p.off, p.len,
+									  ch.buf + p.pos) != 0);
 		}
 	}
 	for (unsigned k = 0; k < used.size(); k++)
-		if (ch.paths[used.id(k)]->complete() != 0)
+		if (held.locked(used.id(k)) && held.path(used.id(k)).complete() != 0)
 			used.set_failed(k);
+	held.release();
 	const bool any_failed = used.any_failed();
 	// A copy of the slab in progress copies these blocks again (after our write completed,
 	// so that it reads what we wrote; see CloneJob).

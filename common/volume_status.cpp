@@ -58,8 +58,8 @@ VolumeReport Volume::report() const
 	r.slab_size = slab_size_;
 	r.replicas = replicas_;
 	const size_t nserv = servers();
-	// The I/O channels' counters are summed without taking a channel: SoloCounters and
-	// the data paths' counters() are read relaxed (docs/performance.md, "RDMA path
+	// The I/O channels' and paths' counters are summed without taking a lock: SoloCounters
+	// and the data paths' counters() are read relaxed (docs/performance.md, "RDMA path
 	// accounting").
 	for (const auto &ch : channels_) {
 		r.reads += ch->reads.get();
@@ -68,9 +68,10 @@ VolumeReport Volume::report() const
 		r.write_bytes += ch->write_bytes.get();
 		r.read_latency += ch->read_latency.snapshot();
 		r.write_latency += ch->write_latency.snapshot();
-		for (size_t k = 0; k < nserv; k++)
-			r.dp += ch->paths[k]->counters();
 	}
+	for (size_t k = 0; k < nserv; k++)
+		for (unsigned p = 0; p < npaths_; p++)
+			r.dp += io_paths_[k][p].dp->counters();
 	for (size_t op = 0; op < kVolumeOps; op++)
 		for (size_t e = 0; e < kVolumeErrs; e++)
 			r.errors[op][e] = errors_[op][e].load(std::memory_order_relaxed);

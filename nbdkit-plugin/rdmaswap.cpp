@@ -88,6 +88,7 @@ struct Config {
 	uint64_t size = 0;
 	TransportKind transport = TransportKind::Auto;
 	unsigned channels = 16;
+	unsigned paths = 4; // paths=: data connections per donor, shared by the channels
 	unsigned replicas = 0; // 0: default (2 with two or more servers, else 1)
 	std::chrono::milliseconds timeout{10000};
 	std::shared_ptr<const AuthKey> auth_key; // auth-key=; null only with insecure=true
@@ -353,6 +354,13 @@ int rdmaswap_config(const char *key, const char *value)
 			return -1;
 		if (g_cfg.channels == 0 || g_cfg.channels > 1024) {
 			nbdkit_error("rdmaswap: channels=%s: must be between 1 and 1024", value);
+			return -1;
+		}
+	} else if (k == "paths") {
+		if (nbdkit_parse_unsigned("paths", value, &g_cfg.paths) < 0)
+			return -1;
+		if (g_cfg.paths == 0 || g_cfg.paths > 1024) {
+			nbdkit_error("rdmaswap: paths=%s: must be between 1 and 1024", value);
 			return -1;
 		}
 	} else if (k == "statusfile") {
@@ -814,6 +822,7 @@ int rdmaswap_after_fork()
 		VolumeOptions vo;
 		vo.size = g_cfg.size;
 		vo.channels = g_cfg.channels;
+		vo.paths = g_cfg.paths;
 		vo.timeout = g_cfg.timeout;
 		vo.replicas = g_cfg.replicas;
 		vo.missing_servers = plan.missing;
@@ -940,6 +949,8 @@ struct nbdkit_plugin make_plugin()
 			"size=SIZE           (required) size of the device\n"
 			"transport=tcp|rdma|auto  data path (default auto)\n"
 			"channels=N          data channels (default 16)\n"
+			"paths=N             data connections (RDMA: QPs) to each donor,\n"
+			"                    shared by the channels (default 4)\n"
 			"spread=N            donors the volume places new slabs on, and the\n"
 			"                    only ones it connects to besides those holding its\n"
 			"                    slabs (default 8; 0: every donor)\n"

@@ -27,7 +27,7 @@ struct Options {
 	double fill = 0.5;
 	unsigned spread = DonorSet::kDefaultSpread;
 	unsigned slabs_per_donor = 256;
-	unsigned qps_per_session = 17;
+	unsigned qps_per_session = 5;
 	uint64_t seed = 1;
 	std::string hints = "global";
 	bool quiet = false;
@@ -228,8 +228,8 @@ int main(int argc, char **argv)
 	app.add_option("--slabs-per-donor", o.slabs_per_donor, "slabs each donor has (default 256)")
 		->check(CLI::Range(1u, 1u << 24));
 	app.add_option("--qps-per-session", o.qps_per_session,
-		       "RDMA QPs one session costs a donor (default 17: the plugin's 16 channels "
-		       "and the repair thread's, one RC QP each)");
+		       "RDMA QPs one session costs a donor (default 5: the plugin's paths=4 data "
+		       "paths and the repair thread's, one RC QP each)");
 	app.add_option("--seed", o.seed, "random seed (default 1)");
 	app.add_option("--hints", o.hints,
 		       "what a host knows of the donors: global (every donor's true fill and "

@@ -159,6 +159,8 @@ public:
 		Busy busy(this);
 		b_->completes++;
 		batches_.add();
+		if (!batch_.empty() && owner_ != std::this_thread::get_id())
+			b_->violation("complete() of a batch another thread posted");
 		std::vector<Op> batch;
 		batch.swap(batch_);
 		if (int us = b_->complete_delay_us.load())
@@ -279,6 +281,10 @@ private:
 			b_->violation(what + ": reads and writes mixed in one batch");
 			return EINVAL;
 		}
+		if (batch_.empty())
+			owner_ = std::this_thread::get_id();
+		else if (owner_ != std::this_thread::get_id())
+			b_->violation(what + ": posted to a batch another thread started");
 		batch_.push_back(Op{write, g.id, off, len, local});
 		posts_.add();
 		return 0;
@@ -287,6 +293,7 @@ private:
 	std::shared_ptr<FakeBackend> b_;
 	std::span<std::byte> region_;
 	std::vector<Op> batch_;
+	std::thread::id owner_; // the thread that posted batch_'s first operation
 	std::atomic<bool> busy_{false};
 	bool closed_ = false;
 	SoloCounter posts_, batches_;

@@ -629,15 +629,6 @@ TEST_CASE("volume: constructor validates servers and options", "[volume]")
 		c->fail_open = true;
 		CHECK_THROWS_AS(make_volume({a, c}, opts(MiB, 4)), std::runtime_error);
 	}
-	SECTION("one data path per channel per server")
-	{
-		auto a = backend("m0", 8);
-		auto c = backend("m1", 8);
-		auto vol = make_volume({a, c}, opts(MiB, 5));
-		// One per I/O channel plus the repair thread's channel.
-		CHECK(a->paths_opened == 6);
-		CHECK(c->paths_opened == 6);
-	}
 }
 
 TEST_CASE("volume: concurrent writers on disjoint regions", "[volume][concurrency]")
@@ -653,36 +644,7 @@ TEST_CASE("volume: concurrent writers on disjoint regions", "[volume][concurrenc
 	INFO("channels " << channels);
 	auto vol = make_volume(bs, opts(size, channels, 64 * KiB));
 	Bytes shadow(size);
-	std::atomic<int> errors{0}, mismatches{0};
-	std::vector<std::thread> ts;
-	for (int t = 0; t < kThreads; t++)
-		ts.emplace_back([&, t] {
-			std::mt19937_64 rng(1000 + t);
-			const uint64_t base = uint64_t(t) * region;
-			for (int i = 0; i < 60; i++) {
-				const uint64_t len = 1 + rng() % (i % 10 == 0 ? region : 20000);
-				const uint64_t off = base + rng() % (region - len + 1);
-				const Bytes d = pattern(len, rng());
-				// Disjoint ranges of the shadow: no lock needed.
-				if (vol->pwrite(d.data(), uint32_t(len), off) != 0) {
-					errors++;
-					continue;
-				}
-				std::copy(d.begin(), d.end(), shadow.begin() + off);
-				// Read back a random part of our region.
-				const uint64_t rlen = 1 + rng() % region;
-				const uint64_t roff = base + rng() % (region - rlen + 1);
-				Bytes r(rlen);
-				if (vol->pread(r.data(), uint32_t(rlen), roff) != 0)
-					errors++;
-				else if (std::memcmp(r.data(), shadow.data() + roff, rlen) != 0)
-					mismatches++;
-			}
-		});
-	for (auto &t : ts)
-		t.join();
-	CHECK(errors == 0);
-	CHECK(mismatches == 0);
+	CHECK(hammer_regions(*vol, shadow, kThreads, region, 60, 10, 20000, 1000) == 0);
 	CHECK(compare_all(*vol, shadow) == -1);
 	// Exactly one allocation per live slab, even for the slabs two threads raced on.
 	CHECK(total(bs, &FakeBackend::allocs) == vol->stats().slabs_live);

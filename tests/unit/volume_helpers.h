@@ -10,6 +10,7 @@
 #include <chrono>
 #include <cstring>
 #include <memory>
+#include <random>
 #include <string>
 #include <thread>
 #include <vector>
@@ -128,6 +129,41 @@ inline uint64_t total(const std::vector<std::shared_ptr<FakeBackend>> &bs,
 	return n;
 }
 
+
+// `threads` threads, thread t on its own region [t * region, (t + 1) * region): `iters` writes
+// of random ranges (every `every`-th up to the whole region, the others up to `short_len`
+// bytes), each followed by a read of a random part of the region compared with the shadow
+// (disjoint parts of it: no lock). Returns the failed requests plus the mismatching reads.
+inline int hammer_regions(Volume &vol, Bytes &shadow, int threads, uint64_t region, int iters,
+			  int every, uint64_t short_len, uint64_t seed)
+{
+	std::atomic<int> bad{0};
+	std::vector<std::thread> ts;
+	for (int t = 0; t < threads; t++)
+		ts.emplace_back([&, t] {
+			std::mt19937_64 rng(seed + t);
+			const uint64_t base = uint64_t(t) * region;
+			for (int i = 0; i < iters; i++) {
+				const uint64_t len = 1 + rng() % (i % every == 0 ? region : short_len);
+				const uint64_t off = base + rng() % (region - len + 1);
+				const Bytes d = pattern(len, rng());
+				if (vol.pwrite(d.data(), uint32_t(len), off) != 0) {
+					bad++;
+					continue;
+				}
+				std::copy(d.begin(), d.end(), shadow.begin() + off);
+				const uint64_t rlen = 1 + rng() % region;
+				const uint64_t roff = base + rng() % (region - rlen + 1);
+				Bytes r(rlen);
+				if (vol.pread(r.data(), uint32_t(rlen), roff) != 0 ||
+				    std::memcmp(r.data(), shadow.data() + roff, rlen) != 0)
+					bad++;
+			}
+		});
+	for (auto &t : ts)
+		t.join();
+	return bad.load();
+}
 
 // Polls `cond` every 5 ms until it holds (true) or `limit` passes (false).
 template <typename F> inline bool eventually(F cond, std::chrono::milliseconds limit = std::chrono::seconds(20))

@@ -1,0 +1,146 @@
+// SPDX-License-Identifier: MIT
+// paths= (issue 14): the I/O channels share min(paths, channels) data paths per donor, each
+// under its own lock, so a donor carries that many connections (QPs) per volume plus the
+// repair thread's, whatever `channels` is. The fake data path flags two threads in one path.
+#include <catch2/catch.hpp>
+
+#include <atomic>
+#include <chrono>
+#include <random>
+#include <thread>
+
+#include "fake_transport.h"
+#include "volume_helpers.h"
+
+using namespace rdmaswap;
+using namespace rdmaswap::test;
+
+TEST_CASE("paths: a donor gets min(paths, channels) + 1 data paths, whatever the channels",
+	  "[volume][paths]")
+{
+	quiet();
+	struct Case {
+		unsigned channels, paths, expect;
+	};
+	const Case c = GENERATE(Case{5, 4, 5}, Case{16, 2, 3}, Case{64, 4, 5}, Case{2, 4, 3},
+				Case{1, 1, 2});
+	INFO("channels " << c.channels << " paths " << c.paths);
+	auto a = backend("m0", 8), b = backend("m1", 8);
+	auto o = opts(MiB, c.channels);
+	o.paths = c.paths;
+	auto vol = make_volume({a, b}, o);
+	CHECK(a->paths_opened == c.expect);
+	CHECK(b->paths_opened == c.expect);
+	// A donor added later gets as many.
+	auto late = backend("m2", 8);
+	vol->add_server(std::make_unique<FakeServer>(late));
+	CHECK(late->paths_opened == c.expect);
+	o.paths = 0;
+	CHECK_THROWS_AS(make_volume({backend("m3", 8)}, o), std::runtime_error);
+}
+
+TEST_CASE("paths: many threads over few shared paths, chunks across donors and replicas",
+	  "[volume][paths][concurrency]")
+{
+	// Chunks of up to 4 slabs, each slab on 2 of 3 donors: one round locks up to 3 paths, in
+	// donor order whatever order the pieces name them in. No thread may deadlock, no path
+	// may be used by two threads at once (the fake flags it), no byte may be wrong.
+	quiet();
+	constexpr int kThreads = 8;
+	const unsigned paths = GENERATE(1u, 3u);
+	INFO("paths " << paths);
+	std::vector<std::shared_ptr<FakeBackend>> bs{backend("m0", 64), backend("m1", 64),
+						     backend("m2", 64)};
+	const uint64_t region = 6 * SS + 777;
+	const uint64_t size = kThreads * region;
+	auto o = opts(size, 8, 256 * KiB);
+	o.paths = paths;
+	o.replicas = 2;
+	auto vol = make_volume(bs, o);
+	Bytes shadow(size);
+	CHECK(hammer_regions(*vol, shadow, kThreads, region, 80, 4, 3 * SS, 77) == 0);
+	CHECK(compare_all(*vol, shadow) == -1);
+	CHECK(vol->stats().degraded == 0);
+	check_no_violations(bs);
+}
+
+TEST_CASE("paths: a path held by a slow donor costs a waiting request one timeout, then it fails over",
+	  "[volume][paths]")
+{
+	// One path per donor, shared by 4 channels. Donor a answers after 1.5 s; the timeout is
+	// 1 s (a real data path gives up then: this one stays slow past it). The first request on a's path waits for a; the others waiting for that path give
+	// up after the timeout and count a as failed: a read reads b instead, a write that b
+	// took invalidates a's replicas (repair re-creates them). Queued behind one another
+	// they would take 1.5, 3, 4.5 s.
+	quiet();
+	const bool write = GENERATE(false, true);
+	INFO((write ? "writes" : "reads"));
+	constexpr int kSlabs = 16;
+	auto a = backend("a", 32), b = backend("b", 32);
+	auto o = opts(kSlabs * SS, 4, 64 * KiB);
+	o.paths = 1;
+	o.replicas = 2;
+	o.timeout = std::chrono::milliseconds(1000);
+	auto vol = make_volume({a, b}, o);
+	Bytes shadow(kSlabs * SS);
+	for (int s = 0; s < kSlabs; s++)
+		REQUIRE(write_shadow(*vol, shadow, pattern(SS, 300 + s), s * SS) == 0);
+
+	// Requests that wait for a: every write (a holds a replica of every slab); the reads of
+	// the slabs whose first replica is on a (found by timing one read of each).
+	using Clock = std::chrono::steady_clock;
+	std::vector<int> on_a;
+	if (write) {
+		on_a = {0, 5, 10, 15};
+	} else {
+		a->complete_delay_us = 150000;
+		for (int s = 0; s < kSlabs; s++) {
+			Bytes r(4096);
+			const auto t0 = Clock::now();
+			REQUIRE(vol->pread(r.data(), 4096, s * SS) == 0);
+			if (Clock::now() - t0 >= std::chrono::milliseconds(140))
+				on_a.push_back(s);
+		}
+		REQUIRE(on_a.size() >= 3);
+		on_a.resize(std::min<size_t>(on_a.size(), 4));
+	}
+
+	a->complete_delay_us = 1500000;
+	std::atomic<int> go{0}, errors{0}, mismatches{0};
+	std::atomic<int64_t> worst_ms{0};
+	std::vector<std::thread> ts;
+	for (int s : on_a)
+		ts.emplace_back([&, s] {
+			go++;
+			while (go.load() < int(on_a.size()))
+				std::this_thread::yield();
+			Bytes r(SS);
+			const Bytes d = pattern(SS, 900 + s);
+			const auto t0 = Clock::now();
+			const int e = write ? vol->pwrite(d.data(), uint32_t(SS), s * SS)
+					    : vol->pread(r.data(), uint32_t(SS), s * SS);
+			const int64_t ms = std::chrono::duration_cast<std::chrono::milliseconds>(
+						   Clock::now() - t0)
+						   .count();
+			int64_t w = worst_ms.load();
+			while (ms > w && !worst_ms.compare_exchange_weak(w, ms)) {
+			}
+			if (e)
+				errors++;
+			else if (write)
+				std::copy(d.begin(), d.end(), shadow.begin() + s * SS); // own slab
+			else if (std::memcmp(r.data(), shadow.data() + s * SS, SS) != 0)
+				mismatches++;
+		});
+	for (auto &t : ts)
+		t.join();
+	a->complete_delay_us = 0;
+	CHECK(errors == 0);
+	CHECK(mismatches == 0);
+	INFO("slowest request " << worst_ms.load() << " ms");
+	CHECK(worst_ms.load() < 2800); // the slow batch itself (1.5 s), not a queue of them
+	CHECK(vol->report().lock_timeouts >= 1);
+	CHECK(vol->stats().server_failures >= 1); // a was given up on
+	CHECK(compare_all(*vol, shadow) == -1);
+	check_no_violations({a, b});
+}
