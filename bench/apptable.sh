@@ -10,20 +10,26 @@
 # GET throughput and latency from redis-benchmark (uniformly random keys of the loaded set).
 # One boot of the VM of the VM tests (tests/vm: Debian's kernel under qemu TCG, everything in
 # one VM: the memserver, nbdkit, redis, redis-benchmark), the backends one after the other
-# (tests/vm/run-vm-test.sh --runs app-...). Writes OUT_DIR/apptable.md (the table, with each
-# row relative to the 100 % row of its backend and to the disk and memory rows of the same
-# level) and OUT_DIR/apptable.png (gnuplot).
+# (tests/vm/run-vm-test.sh --runs app-...). With REPEAT=N, N boots one after the other, the
+# backend order of boot r (0-based) rotated left by r (so no backend always runs first or
+# last), and every figure of the table is the median of its N values (even N: the mean of the
+# two middle ones). Writes OUT_DIR/apptable.md (the table, with each row relative to the
+# 100 % row of its backend and to the disk and memory rows of the same level) and
+# OUT_DIR/apptable.png (gnuplot).
 #
 # Software emulation: every absolute figure is far below native; compare within one run.
 #
 # Usage: bench/apptable.sh BUILD_DIR
 # Environment (all optional):
-#   BACKENDS="rdma tcp memory zram disk"   the runs, in this order, in one boot
+#   BACKENDS="rdma tcp memory zram disk"   the runs, in this order, in one boot (and the table's order)
+#   REPEAT=1                               boots (1..9); the table shows the medians
 #   KEYS=65536 VALUE=1024                  the data set: KEYS values of VALUE bytes (random base64)
 #   REQUESTS=10000 CLIENTS=4               redis-benchmark -n and -c per level
 #   LEVELS=100,75,50                       memory.max in % of the working set
 #   OUT_DIR=docs                           where apptable.md and apptable.png go (source-relative)
-#   LOG=                                   serial console log (default BUILD_DIR/vm-test-logs/apptable.log)
+#   LOG=                                   serial console log (default BUILD_DIR/vm-test-logs/apptable.log;
+#                                          boot r > 0 of REPEAT: the name with -rR before .log)
+#   SKIP_BUILD=                            1: no `ninja -C BUILD_DIR` first (use the binaries as they are)
 # Needs on the host: what the VM tests need, redis-server + redis-tools (copied into the VM) and
 # gnuplot (gnuplot-nox); as root they are installed with apt-get when missing. Not part of CI.
 # Exit status as run-vm-test.sh: 0 pass, 1 fail, 77 skip (no qemu or Debian kernel).
@@ -34,13 +40,17 @@ build=$(cd "$1" && pwd)
 src=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 backends=${BACKENDS:-rdma tcp memory zram disk}
 levels=${LEVELS:-100,75,50}
+repeat=${REPEAT:-1}
+[[ $repeat =~ ^[1-9]$ ]] || { echo "$0: REPEAT: 1 to 9" >&2; exit 2; }
 out_dir=${OUT_DIR:-docs}
 case "$out_dir" in /*) ;; *) out_dir=$src/$out_dir ;; esac
-runs=""
+blist=()
 for b in $backends; do
-    case "$b" in rdma|tcp|memory|zram|disk) runs+="${runs:+,}app-$b" ;;
+    case "$b" in rdma|tcp|memory|zram|disk) blist+=("$b") ;;
         *) echo "$0: BACKENDS: rdma, tcp, memory, zram or disk" >&2; exit 2 ;; esac
 done
+nb=${#blist[@]}
+[ "$nb" -gt 0 ] || { echo "$0: BACKENDS is empty" >&2; exit 2; }
 
 # host packages: redis (copied into the VM) and gnuplot
 need=()
@@ -56,39 +66,110 @@ if [ ${#need[@]} -gt 0 ]; then
     fi
 fi
 
-args=(--runs "$runs" --app-keys "${KEYS:-65536}" --app-value "${VALUE:-1024}"
+args=(--app-keys "${KEYS:-65536}" --app-value "${VALUE:-1024}"
       --app-requests "${REQUESTS:-10000}" --app-clients "${CLIENTS:-4}" --app-levels "$levels"
-      --log "${LOG:-$build/vm-test-logs/apptable.log}" --quiet)
+      --quiet)
+log=${LOG:-$build/vm-test-logs/apptable.log}
 
 # ninja first: the VM copies in the memserver and the plugin from BUILD_DIR
-ninja -C "$build" > /dev/null
-out=$(mktemp -t rdmaswap-apptable.XXXXXX)
+[ "${SKIP_BUILD:-}" = 1 ] || ninja -C "$build" > /dev/null
 tmp=$(mktemp -d -t rdmaswap-apptable.XXXXXX)
-trap 'rm -rf "$out" "$tmp"' EXIT
+trap 'rm -rf "$tmp"' EXIT
 start=$SECONDS
 started=$(date -u '+%Y-%m-%d %H:%M UTC')
-set +e
-RDMASWAP_BUILD=$build RDMASWAP_SOURCE=$src "$src/tests/vm/run-vm-test.sh" "${args[@]}" > "$out" 2>&1
-rc=$?
-set -e
+# app: row B LEVEL LIMIT_KIB RPS AVG P50 P99 MAX PSWPIN PSWPOUT SECS;  app: ws B RSS_KIB CURRENT_KIB KEYS
+# raw.rows and raw.ws: the same with the repeat (0-based) in front
+: > "$tmp/raw.rows"
+: > "$tmp/raw.ws"
+for ((r = 0; r < repeat; r++)); do
+    runs=""
+    order=""
+    for ((i = 0; i < nb; i++)); do
+        b=${blist[$(((i + r) % nb))]}
+        runs+="${runs:+,}app-$b"
+        order+="${order:+ }$b"
+    done
+    rlog=$log
+    [ "$r" = 0 ] || rlog=${log%.log}-r$r.log
+    out=$tmp/out.$r
+    [ "$repeat" = 1 ] || echo "bench/apptable.sh: repeat $((r + 1))/$repeat: $order"
+    rstart=$SECONDS
+    set +e
+    RDMASWAP_BUILD=$build RDMASWAP_SOURCE=$src "$src/tests/vm/run-vm-test.sh" --runs "$runs" \
+        "${args[@]}" --log "$rlog" > "$out" 2>&1
+    rc=$?
+    set -e
+    wall=$((SECONDS - start))
+    grep -a -E '^vm: \[app-|^run-vm-test: ' "$out" || true
+    if [ "$rc" != 0 ]; then
+        tail -n 80 "$out"
+        [ "$repeat" = 1 ] || echo "bench/apptable.sh: repeat $((r + 1))/$repeat failed"
+        echo "bench/apptable.sh: exit $rc, $wall s wall"
+        exit "$rc"
+    fi
+    grep -a '^app: row ' "$out" | sed "s/^app: row /$r /" > "$tmp/rows.$r" || true
+    [ -s "$tmp/rows.$r" ] || { echo "$0: no app rows in the output" >&2; exit 1; }
+    cat "$tmp/rows.$r" >> "$tmp/raw.rows"
+    grep -a '^app: ws ' "$out" | sed "s/^app: ws /$r /" >> "$tmp/raw.ws" || true
+    [ "$repeat" = 1 ] || echo "bench/apptable.sh: repeat $((r + 1))/$repeat: $((SECONDS - rstart)) s"
+done
 wall=$((SECONDS - start))
-grep -a -E '^vm: \[app-|^run-vm-test: ' "$out" || true
-if [ "$rc" != 0 ]; then
-    tail -n 80 "$out"
-    echo "bench/apptable.sh: exit $rc, $wall s wall"
-    exit "$rc"
+if [ "$repeat" != 1 ]; then
+    echo "bench/apptable.sh: raw rows (repeat B LEVEL LIMIT_KIB RPS AVG P50 P99 MAX PSWPIN PSWPOUT SECS):"
+    cat "$tmp/raw.rows"
 fi
 
-# app: row B LEVEL LIMIT_KIB RPS AVG P50 P99 MAX PSWPIN PSWPOUT SECS;  app: ws B RSS_KIB CURRENT_KIB KEYS
-grep -a '^app: row ' "$out" | sed 's/^app: row //' > "$tmp/rows"
-grep -a '^app: ws ' "$out" | sed 's/^app: ws //' > "$tmp/ws"
+# the medians over the repeats of every numeric column, per (backend, level) in the order of
+# BACKENDS and LEVELS (not the rotated one): rows and ws as one boot writes them
+median='
+    # odd count: the middle value as written (REPEAT=1: the rows as they are); even: the mean
+    # of the two middle ones
+    function med(key, col,    n, k, j, x, t) {
+        n = cnt[key]
+        for (k = 1; k <= n; k++) x[k] = k
+        for (k = 2; k <= n; k++) {
+            t = x[k]
+            for (j = k - 1; j >= 1 && val[key, col, x[j]] + 0 > val[key, col, t] + 0; j--) x[j + 1] = x[j]
+            x[j + 1] = t
+        }
+        if (n % 2) return val[key, col, x[(n + 1) / 2]]
+        return sprintf("%.10g", (val[key, col, x[n / 2]] + val[key, col, x[n / 2 + 1]]) / 2)
+    }'
+awk -v order="$backends" -v levels="$levels" -v repeat="$repeat" "$median"'
+    { key = $2 SUBSEP $3; n = ++cnt[key]; ncol = NF
+      for (c = 4; c <= NF; c++) val[key, c, n] = $c }
+    END {
+        nb = split(order, bs, " "); nl = split(levels, ls, ",")
+        for (i = 1; i <= nb; i++) for (j = 1; j <= nl; j++) {
+            key = bs[i] SUBSEP ls[j]
+            if (!cnt[key]) continue
+            if (cnt[key] != repeat)
+                printf "bench/apptable.sh: %s %s %%: %d rows for %d repeats\n", bs[i], ls[j], cnt[key], repeat > "/dev/stderr"
+            line = bs[i] " " ls[j]
+            for (c = 4; c <= ncol; c++) line = line " " med(key, c)
+            print line
+        }
+    }' "$tmp/raw.rows" > "$tmp/rows"
+awk -v order="$backends" -v repeat="$repeat" "$median"'
+    { key = $2; n = ++cnt[key]; ncol = NF
+      for (c = 3; c <= NF; c++) val[key, c, n] = $c }
+    END {
+        nb = split(order, bs, " ")
+        for (i = 1; i <= nb; i++) {
+            key = bs[i]
+            if (!cnt[key]) continue
+            line = bs[i]
+            for (c = 3; c <= ncol; c++) line = line " " med(key, c)
+            print line
+        }
+    }' "$tmp/raw.ws" > "$tmp/ws"
 [ -s "$tmp/rows" ] || { echo "$0: no app rows in the output" >&2; exit 1; }
 
 cmdline="nice -n 10 bench/apptable.sh BUILD"
-for v in BACKENDS KEYS VALUE REQUESTS CLIENTS LEVELS; do
+for v in BACKENDS KEYS VALUE REQUESTS CLIENTS LEVELS REPEAT; do
     [ -z "${!v:-}" ] || cmdline="$v=\"${!v}\" $cmdline"
 done
-kver=$(grep -a -o 'kernel [^ ]*-amd64' "$out" | head -n 1 || true)
+kver=$(grep -a -o 'kernel [^ ]*-amd64' "$tmp/out.0" | head -n 1 || true)
 
 # the table: ratios against the 100 % row of the same backend and the same level of disk/memory
 table=$(awk '
@@ -112,13 +193,22 @@ table=$(awk '
 # the 100 % rows swap (almost) nothing: their spread is the host's load changing during the run
 spread=$(awk '$2 == 100 { if (!n++ || $4 < lo) lo = $4; if ($4 > hi) hi = $4 }
     END { if (n > 1) printf "%.0f to %.0f GET/s (%.1fx)", lo, hi, hi / lo }' "$tmp/rows")
+# and per backend, its 100 % row over the repeats (raw.rows: the repeat in front)
+bspread=$(awk -v order="$backends" '$3 == 100 { b = $2; if (!n[b]++ || $5 < lo[b]) lo[b] = $5; if ($5 > hi[b]) hi[b] = $5 }
+    END { nb = split(order, bs, " ")
+          for (i = 1; i <= nb; i++) { b = bs[i]; if (!n[b]) continue
+              printf "%s%s %.0f to %.0f (%.2fx)", (k++ ? ", " : ""), b, lo[b], hi[b], (lo[b] > 0 ? hi[b] / lo[b] : 0) } }' "$tmp/raw.rows")
 ws=$(awk '{ printf "%s%s %.1f MiB (redis RSS %.1f MiB)", (NR > 1 ? ", " : ""), $1, $3 / 1024, $2 / 1024 }' "$tmp/ws")
 
 mkdir -p "$out_dir"
 {
     echo "# Application table: redis GETs under memory limits, per swap device"
     echo
-    echo "Measured $started by \`$cmdline\` (bench/apptable.sh; $wall s wall, one VM boot;"
+    if [ "$repeat" = 1 ]; then
+        echo "Measured $started by \`$cmdline\` (bench/apptable.sh; $wall s wall, one VM boot;"
+    else
+        echo "Measured $started by \`$cmdline\` (bench/apptable.sh; $wall s wall in all, $repeat VM boots;"
+    fi
     echo "${kver:-Debian kernel} under qemu TCG, 2 virtual CPUs, 2 GiB)."
     echo
     echo "**Software emulation.** Everything runs in one qemu TCG guest (no KVM), RDMA is Soft-RoCE"
@@ -142,13 +232,35 @@ mkdir -p "$out_dir"
     echo
     echo "Ratios: \"vs 100 %\" against the same backend's 100 % row; \"vs disk\" and \"vs memory\""
     echo "against that backend's row at the same level. pswpin: pages swapped in during the level."
-    if [ -n "$spread" ]; then
+    if [ "$repeat" != 1 ]; then
+        echo
+        echo "**Repeats.** $repeat runs: $repeat boots of the VM one after the other, boot r (r = 0 to"
+        echo "$((repeat - 1))) running the backends in the order above rotated left by r, so that each"
+        echo "backend ran at $repeat different moments of the bench. Every figure here (the working sets,"
+        echo "the limit, GET/s, latencies, pswpin) is the median of its $repeat values, one per run"
+        if [ $((repeat % 2)) = 0 ]; then
+            echo "(an even count: the mean of the two middle values; with 2 runs simply the mean, which"
+            echo "does not reject an outlier). The ratios are ratios of these medians."
+        else
+            echo "(the middle value). The ratios are ratios of these medians."
+        fi
+    fi
+    if [ "$repeat" = 1 ] && [ -n "$spread" ]; then
         echo
         echo "**Noise check.** At 100 % nothing swaps, so the 100 % rows should agree; here they range"
         echo "from $spread. Where they differ much, the host's load changed while the"
         echo "backends ran one after the other, and only the \"vs 100 %\" columns (each backend against"
         echo "itself, minutes apart at most) mean much; the \"vs disk\"/\"vs memory\" columns then mix in"
         echo "the load change."
+    elif [ "$repeat" != 1 ]; then
+        echo
+        echo "**Noise check.** At 100 % nothing swaps, so the 100 % rows should agree."
+        [ -z "$spread" ] || echo "The medians range from $spread."
+        echo "Per backend, the GET/s of its 100 % row over the $repeat runs: $bspread."
+        echo "A wide range within one backend means the host's load changed between or during the"
+        echo "runs; the median damps it, the rotated order spreads it over the backends. Where the"
+        echo "medians of the backends still differ much, only the \"vs 100 %\" columns (each backend"
+        echo "against itself) mean much; the \"vs disk\"/\"vs memory\" columns then mix in the load change."
     fi
     echo
     echo "$table"
@@ -158,11 +270,12 @@ mkdir -p "$out_dir"
 
 # the plot: GET/s and p99 per level, one bar per backend
 awk '{ print $2, $1, $4, $7 }' "$tmp/rows" > "$tmp/plot"
-nb=$(wc -w <<< "$backends")
+med_title=""
+[ "$repeat" = 1 ] || med_title="; medians of $repeat runs"
 {
     echo "set terminal pngcairo size 1000,420 font 'sans,10'"
     echo "set output '$out_dir/apptable.png'"
-    echo "set multiplot layout 1,2 title 'redis GET under memory.max (qemu TCG + Soft-RoCE: compare within this run; $started)'"
+    echo "set multiplot layout 1,2 title 'redis GET under memory.max (qemu TCG + Soft-RoCE: compare within this run; $started$med_title)'"
     echo "set style data histogram; set style histogram cluster gap 1; set style fill solid 0.8 border -1"
     echo "set boxwidth 0.9; set grid ytics; set key top right; set xlabel 'memory.max (% of working set)'"
     echo "set ylabel 'GET/s'; set title 'throughput'; set yrange [0:*]"
