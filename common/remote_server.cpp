@@ -270,25 +270,32 @@ void RemoteServer::housekeeping()
 	reconcile();
 }
 
+int RemoteServer::poll_connection()
+{
+	if (closed_.load())
+		return ENOTCONN;
+	if (poll_fd_)
+		return 0;
+	int err = 0;
+	uint64_t conn_id = 0;
+	poll_fd_ = join_session(addr_, deadline_after(opts_.timeout), opts_.auth_key.get(),
+				control_->session_id(), control_->token(),
+				opts_.kind == TransportKind::Rdma, 0, conn_id, err);
+	if (!poll_fd_) {
+		if (err == ENOENT)
+			lost_->store(true); // the server no longer knows our session
+		return err ? err : EIO;
+	}
+	poll_buf_.resize(proto::kMaxIo);
+	return 0;
+}
+
 int RemoteServer::wanted_slabs(std::vector<uint32_t> &ids)
 {
 	ids.clear();
 	std::lock_guard poll(poll_mu_);
-	if (closed_.load())
-		return ENOTCONN;
-	if (!poll_fd_) {
-		int err = 0;
-		uint64_t conn_id = 0;
-		poll_fd_ = join_session(addr_, deadline_after(opts_.timeout), opts_.auth_key.get(),
-					control_->session_id(), control_->token(),
-					opts_.kind == TransportKind::Rdma, 0, conn_id, err);
-		if (!poll_fd_) {
-			if (err == ENOENT)
-				lost_->store(true); // the server no longer knows our session
-			return err ? err : EIO;
-		}
-		poll_buf_.resize(proto::kMaxIo);
-	}
+	if (const int err = poll_connection())
+		return err;
 	size_t len = 0;
 	int err = rpc_var(poll_fd_.get(), poll_id_++, proto::Op::Wanted, {}, poll_buf_, len,
 			  deadline_after(opts_.timeout));
@@ -300,18 +307,27 @@ int RemoteServer::wanted_slabs(std::vector<uint32_t> &ids)
 		return err ? err : EPROTO;
 	}
 	ids.resize(size_t(n));
-	if (const auto now = Clock::now(); now - hint_refreshed_ >= kHintRefresh) {
-		std::array<std::byte, proto::kStatsReplySize> reply;
-		proto::StatsReply st;
-		if (rpc(poll_fd_.get(), poll_id_++, proto::Op::Stats, {}, reply,
-			deadline_after(opts_.timeout)) != 0 ||
-		    !proto::decode(reply, st).ok) {
-			poll_fd_.reset(); // asked again on a new connection at the next poll
-			return 0;         // the WANTED answer above stands
-		}
-		hint_refreshed_ = now;
-		free_.store(std::min(st.slabs_free, st.slabs_total));
+	return 0;
+}
+
+int RemoteServer::refresh_hint()
+{
+	std::lock_guard poll(poll_mu_);
+	const auto now = Clock::now();
+	if (now - hint_refreshed_ < kHintRefresh)
+		return 0;
+	if (const int err = poll_connection())
+		return err;
+	std::array<std::byte, proto::kStatsReplySize> reply;
+	proto::StatsReply st;
+	const int err =
+		rpc(poll_fd_.get(), poll_id_++, proto::Op::Stats, {}, reply, deadline_after(opts_.timeout));
+	if (err || !proto::decode(reply, st).ok) {
+		poll_fd_.reset(); // asked again on a new connection at the next poll
+		return err ? err : EPROTO;
 	}
+	hint_refreshed_ = now;
+	free_.store(std::min(st.slabs_free, st.slabs_total));
 	return 0;
 }
 

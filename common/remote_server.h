@@ -59,6 +59,7 @@ public:
 	void forget_slab(uint32_t id) override;
 	void housekeeping() override;
 	int wanted_slabs(std::vector<uint32_t> &ids) override;
+	int refresh_hint() override;
 	int stats(proto::StatsReply &out) override;
 	std::unique_ptr<DataPath> open_data_path(std::span<std::byte> region) override;
 	bool session_alive() const override;
@@ -108,15 +109,17 @@ private:
 	// holds something of the volume even without a slab (under mu_).
 	bool floors_ = false;
 	std::atomic<bool> closed_{false}; // close_if_idle()
-	// wanted_slabs() polls on a connection of its own (the poll thread only), so that a poll
-	// of a hung server never holds up ALLOC or FREE on the control connection. poll_mu_
-	// (held for a poll; never with mu_) lets close_if_idle() close it.
+	// wanted_slabs() and refresh_hint() poll on a connection of its own (the poll thread
+	// only), so that a poll of a hung server never holds up ALLOC or FREE on the control
+	// connection. poll_mu_ (held for a poll; never with mu_) lets close_if_idle() close it.
 	std::mutex poll_mu_;
 	Fd poll_fd_;
+	// The poll connection, joined to the session if it is not (under poll_mu_). 0 or errno.
+	int poll_connection();
 	uint64_t poll_id_ = 1;
 	std::vector<std::byte> poll_buf_;
-	// The free slab count (placement's hint) is also refreshed on the poll connection, with a
-	// STATS at most every kHintRefresh: a donor that others fill or empty stops looking as
+	// The free slab count (placement's hint) is refreshed on the poll connection
+	// (refresh_hint), with a STATS at most every kHintRefresh: a donor that others fill or empty stops looking as
 	// it did at HELLO. (An ALLOC that gets ENOSPC sets it to 0 at once.)
 	static constexpr std::chrono::seconds kHintRefresh{5};
 	Clock::time_point hint_refreshed_{};

@@ -146,6 +146,10 @@ public:
 		ids.clear();
 		return 0;
 	}
+	// Refresh the free-slab count that slabs_free() reports, if it is older than a few
+	// seconds (the server's own rate; others fill and empty it too). Same thread and bounds
+	// as wanted_slabs. 0 (also when it was fresh enough) or errno.
+	virtual int refresh_hint() { return 0; }
 	virtual int stats(proto::StatsReply &out) = 0;
 	// Make a data path whose posts may use local buffers inside `region`. Setup only (may
 	// allocate, may block up to the connect timeout). Throws std::runtime_error on failure.

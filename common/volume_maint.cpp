@@ -303,12 +303,13 @@ void Volume::poll_loop()
 	// allocated at the server's first poll, which runs at once (or as soon as the server is
 	// added), before it holds any slab of ours. Later polls reuse it, and an empty answer
 	// (no give-back under way) is copied out without allocating.
-	// Only donors holding slabs of ours have anything to give back: they are asked every
-	// pass. The others only every kIdlePoll, for the free-slab hint that placement reads,
-	// which the poll refreshes (RemoteServer::wanted_slabs).
-	constexpr auto kIdlePoll = std::chrono::seconds(5);
+	// Only donors holding slabs of ours have anything to give back: they are asked (WANTED)
+	// every pass, the others only once (that first poll sizes the list). Every donor's
+	// free-slab hint, which placement reads, is refreshed on the same connection
+	// (Server::refresh_hint: every few seconds); a donor that does not answer that is hung
+	// or gone, as one that does not answer WANTED.
 	std::vector<std::vector<uint32_t>> polled(max_servers_);
-	std::vector<int64_t> next_idle_poll(max_servers_, 0);
+	std::vector<char> sized(max_servers_, 0); // polled[i] had its first WANTED answer
 	for (bool first = true;; first = false) {
 		if (!first) {
 			std::unique_lock lock(repair_mu_);
@@ -323,18 +324,20 @@ void Volume::poll_loop()
 			if (now < sstate_[i].down_until.load() || !servers_[i]->session_alive())
 				continue;
 			const bool holder = sstate_[i].used.load() || sstate_[i].placing.load();
-			if (!holder && now < next_idle_poll[i])
-				continue;
-			if (!holder)
-				next_idle_poll[i] =
-					now + std::chrono::duration_cast<std::chrono::nanoseconds>(kIdlePoll)
-						      .count();
 			std::vector<uint32_t> &ids = polled[i];
-			if (const int err = servers_[i]->wanted_slabs(ids)) {
+			const bool ask = holder || !sized[i];
+			int err = ask ? servers_[i]->wanted_slabs(ids) : 0;
+			sized[i] = sized[i] || (ask && !err);
+			if (!err) {
+				const int hint = servers_[i]->refresh_hint();
+				err = ask ? 0 : hint; // a WANTED answer stands
+			}
+			if (err) {
 				// Hung or gone: do not wait on it again for a while.
-				logger("volume")->warn("give-back: asking memserver {} which slabs it "
-						       "wants back failed: {}",
-						       servers_[i]->name(), std::strerror(err));
+				logger("volume")->warn("give-back: polling memserver {} ({}) failed: {}",
+						       servers_[i]->name(),
+						       ask ? "which slabs it wants back" : "its free slabs",
+						       std::strerror(err));
 				mark_down(uint16_t(i));
 				continue;
 			}

@@ -71,6 +71,7 @@ struct FakeBackend {
 	std::atomic<uint64_t> stalled{0};
 	std::atomic<uint64_t> floor_calls{0};
 	std::atomic<uint64_t> wanted_polls{0};
+	std::atomic<uint64_t> hint_refreshes{0}; // refresh_hint() calls
 
 	// Counters.
 	std::atomic<uint64_t> allocs{0}, frees{0}, free_calls{0};
@@ -372,6 +373,11 @@ public:
 		std::lock_guard lock(b_->mu);
 		ids.assign(b_->wanted.begin(), b_->wanted.end());
 		return 0;
+	}
+	int refresh_hint() override
+	{
+		b_->hint_refreshes++;
+		return b_->lost.load() ? EIO : b_->wanted_error.load();
 	}
 	int stats(proto::StatsReply &out) override
 	{

@@ -1070,6 +1070,34 @@ TEST_CASE("volume: a donor that fails the give-back poll is not asked again duri
 	check_no_violations(bs);
 }
 
+TEST_CASE("volume: only donors holding our slabs are asked which they want back; every donor's "
+	  "hint is refreshed",
+	  "[volume][giveback]")
+{
+	quiet();
+	std::vector<std::shared_ptr<FakeBackend>> bs{backend("a", 64), backend("b", 64)};
+	auto o = opts(8 * SS, 2, 64 * KiB);
+	o.repair_interval = std::chrono::milliseconds(5);
+	o.replicas = 1;
+	auto v = make_volume(bs, o);
+	Bytes shadow(8 * SS);
+	REQUIRE(write_shadow(*v, shadow, pattern(SS, 4), 0) == 0); // one slab, on one donor
+	const size_t h = bs[0]->live_slabs() ? 0 : 1;
+	// Its first poll (a WANTED, then the hint) is done: no WANTED after it.
+	REQUIRE(eventually([&] { return bs[1 - h]->hint_refreshes.load() > 0; }));
+	const uint64_t before = bs[1 - h]->wanted_polls.load();
+	REQUIRE(eventually([&] { return bs[h]->wanted_polls.load() > 40; }));
+	CHECK(bs[1 - h]->wanted_polls.load() == before);
+	CHECK(before == 1);
+	CHECK(bs[1 - h]->hint_refreshes.load() > 40);
+	CHECK(bs[h]->hint_refreshes.load() > 40);
+	// A non-holder that does not answer is given up on for its cooldown, like a holder.
+	bs[1 - h]->wanted_error = EAGAIN;
+	CHECK(eventually([&] { return v->status_text().find(bs[1 - h]->name + " state=failed") !=
+				      std::string::npos; }));
+	check_no_violations(bs);
+}
+
 TEST_CASE("volume: give-back passes over a donor that turns out full", "[volume][giveback]")
 {
 	quiet();
