@@ -119,8 +119,9 @@ private:
 	uint64_t poll_id_ = 1;
 	std::vector<std::byte> poll_buf_;
 	// The free slab count (placement's hint) is refreshed on the poll connection
-	// (refresh_hint), with a STATS at most every kHintRefresh: a donor that others fill or empty stops looking as
-	// it did at HELLO. (An ALLOC that gets ENOSPC sets it to 0 at once.)
+	// (refresh_hint), with a STATS at most every kHintRefresh: a donor that others fill or
+	// empty stops looking as it did at HELLO. (An ALLOC that gets ENOSPC sets it to 0 at
+	// once.)
 	static constexpr std::chrono::seconds kHintRefresh{5};
 	Clock::time_point hint_refreshed_{};
 };

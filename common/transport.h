@@ -72,7 +72,8 @@ private:
 };
 
 // One data connection to one memserver. Not thread-safe: exactly one thread uses it at a time
-// (the plugin gives each worker channel its own). After setup it never allocates memory.
+// (the volume's channels share a donor's paths, each under a lock held from a batch's first
+// post to its complete()). After setup it never allocates memory.
 //
 // Usage: post up to kMaxBatch reads or writes, then complete() waits for all of them.
 // `local` must lie inside the region given to Server::open_data_path. A batch is either all
@@ -100,7 +101,7 @@ public:
 	// the path (the values may be a moment old). Not for the data path: the status report.
 	virtual DataPathCounters counters() const { return {}; }
 	// End the connection for good: later posts fail with EIO and nothing reconnects. Only
-	// while no thread uses the path (its owner holds the path's channel, and nothing of the
+	// while no thread uses the path (the caller holds the path's lock, and nothing of the
 	// volume is on its server: Volume::close_idle_server).
 	virtual void close_for_good() {}
 };
