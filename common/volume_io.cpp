@@ -28,8 +28,13 @@ void unlock_pieces(Slabs &slabs, const Pieces *pieces, unsigned n)
 // donor: any of the donor's paths that is free, else its turn on the channel's usual one
 // (index % npaths_). Waits happen in ascending donor order, with at most one path per donor
 // held, so two threads wanting paths of the same donors never wait for each other in a cycle.
-// Holders of a path are inside one bounded batch (post, complete): a wait is bounded by them.
-// Unlocked together, at the latest when destroyed.
+// Holders of a path are inside one bounded batch (post, complete; or the reconnect a post
+// makes), which ends within the timeout: then it either succeeded, or the donor failed and
+// (if another replica can serve) was invalidated, and the waiters that get the path next see
+// that and skip it. So a waiter waits until the operation's deadline, not one timeout: giving
+// up earlier would fail requests whose only replica left is on a donor whose path another
+// thread is just re-establishing (the VM fault soak: a donor killed while the other holder's
+// paths reconnected after a partition). Unlocked together, at the latest when destroyed.
 class Volume::HeldPaths {
 public:
 	HeldPaths(const Volume &v, const Channel &ch) : v_(v), ch_(ch) {}
@@ -47,11 +52,9 @@ public:
 		held_[n_++] = nullptr;
 	}
 	bool empty() const { return n_ == 0; }
-	// Lock a path of every donor wanted, in ascending donor order, waiting for each at most
-	// one timeout (and not past `until`): a donor whose paths stay busy that long is slow (its
-	// holders wait on it), and one slow donor must not make the request give up on the
-	// others, whose paths a holder of the slow one's may keep as long. True if all were
-	// had; a donor whose paths stayed busy has none (locked() is false for it).
+	// Lock a path of every donor wanted, in ascending donor order, each by `until` (the
+	// operation's deadline). True if all were had; a donor whose paths stayed busy that long
+	// has none (locked() is false for it: the caller counts it as failed).
 	bool lock(Clock::time_point until)
 	{
 		std::sort(ids_, ids_ + n_); // (nothing is held yet)
@@ -64,8 +67,7 @@ public:
 				if (p.mu.try_lock())
 					held_[k] = &p;
 			}
-			if (!held_[k] &&
-			    paths[usual].mu.try_lock_until(std::min(until, Clock::now() + v_.timeout_)))
+			if (!held_[k] && paths[usual].mu.try_lock_until(until))
 				held_[k] = &paths[usual];
 			all = all && held_[k];
 		}
@@ -158,8 +160,8 @@ int Volume::read_chunk(Channel &ch, uint64_t at, uint32_t len)
 		}
 		if (held.empty())
 			break;
-		// The paths, then the posts. A donor whose path was not had within one timeout
-		// is slow: its reads count as failed, as if they had timed out.
+		// The paths, then the posts. A donor whose path was not had by the deadline counts
+		// as failed (the request is out of time anyway).
 		if (!held.lock(until))
 			lock_timeouts_.fetch_add(1, std::memory_order_relaxed);
 		for (unsigned i = 0; i < n; i++) {
@@ -179,7 +181,6 @@ int Volume::read_chunk(Channel &ch, uint64_t at, uint32_t len)
 		for (unsigned k = 0; k < used.size(); k++)
 			if (held.locked(used.id(k)) && held.path(used.id(k)).complete() != 0)
 				used.set_failed(k);
-		held.release();
 		for (unsigned i = 0; i < n; i++) {
 			if (posted[i] < 0)
 				continue;
@@ -196,6 +197,8 @@ int Volume::read_chunk(Channel &ch, uint64_t at, uint32_t len)
 			if (other && sstate_[srv].gen.load() == s.rep[posted[i]].gen)
 				invalidate(srv);
 		}
+		// Only now: a thread waiting for one of these paths sees the donors given up on.
+		held.release();
 	}
 	for (unsigned i = 0; i < n; i++)
 		if (!done[i])
@@ -240,9 +243,9 @@ int Volume::write_chunk(Channel &ch, uint64_t at, uint32_t len, uint64_t *fence,
 				held.want(s.rep[k].server);
 			}
 	}
-	// The paths, then the posts. A donor whose path was not had within one timeout is
-	// slow: its writes count as failed, as if they had timed out. A replica invalidated
-	// while we waited is skipped (it is never read again).
+	// The paths, then the posts. A donor whose path was not had by the deadline counts as
+	// failed (the request is out of time anyway). A replica invalidated while we waited is
+	// skipped (it is never read again).
 	if (!held.lock(until))
 		lock_timeouts_.fetch_add(1, std::memory_order_relaxed);
 	ChunkDonors used;
@@ -266,7 +269,6 @@ int Volume::write_chunk(Channel &ch, uint64_t at, uint32_t len, uint64_t *fence,
 	for (unsigned k = 0; k < used.size(); k++)
 		if (held.locked(used.id(k)) && held.path(used.id(k)).complete() != 0)
 			used.set_failed(k);
-	held.release();
 	const bool any_failed = used.any_failed();
 	// A copy of the slab in progress copies these blocks again (after our write completed,
 	// so that it reads what we wrote; see CloneJob).
@@ -288,6 +290,8 @@ int Volume::write_chunk(Channel &ch, uint64_t at, uint32_t len, uint64_t *fence,
 			    sstate_[s.rep[k].server].gen.load() == s.rep[k].gen)
 				invalidate(s.rep[k].server);
 	}
+	// Only now: a thread waiting for one of these paths sees the donors given up on.
+	held.release();
 	// Done only if some replica that took the write is still valid afterwards (a replica
 	// invalidated meanwhile may have missed an earlier write).
 	int err = 0;
