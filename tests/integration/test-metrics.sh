@@ -117,12 +117,17 @@ for i in range(64):
 PY
 fetch "$murl" "$tmpdir/ms2.prom"
 check_metrics "$tmpdir/ms2.prom" "the memserver's /metrics after I/O"
-# The metrics file is rewritten every second: wait for one that counts every write.
+# The metrics file is rewritten every second, maybe while the reads were under way: wait for
+# one that counts every write and every read as ended (80 of each). A request is counted when
+# it starts, its bytes when it succeeds and its latency last.
 grew() {
-    local w
-    w=$(metric "$prom" rdmaswap_volume_requests_total direction=write) && ((w >= 80))
+    local w r
+    w=$(metric "$prom" rdmaswap_volume_request_duration_seconds_count direction=write) &&
+        ((w >= 80)) &&
+        r=$(metric "$prom" rdmaswap_volume_request_duration_seconds_count direction=read) &&
+        ((r >= 80))
 }
-wait_until 10 "the metrics file to count the writes" grew
+wait_until 10 "the metrics file to count the writes and the reads" grew
 cp "$prom" "$tmpdir/vol2.prom"
 check_metrics "$tmpdir/vol2.prom" "the plugin's metrics-file after I/O"
 
