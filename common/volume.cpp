@@ -123,7 +123,7 @@ Volume::Volume(std::vector<std::unique_ptr<Server>> servers, const VolumeOptions
 				maint_ch_ = std::move(ch);
 		}
 		maint_ch_->paths = std::make_unique<std::unique_ptr<DataPath>[]>(max_servers_);
-		io_paths_ = std::make_unique<std::unique_ptr<SharedPath[]>[]>(max_servers_);
+		io_paths_ = std::make_unique<std::unique_ptr<DonorPaths>[]>(max_servers_);
 		for (size_t k = 0; k < nstart; k++)
 			open_paths(k, *start[k]);
 	} catch (...) {
@@ -302,9 +302,10 @@ size_t Volume::add_server(std::unique_ptr<Server> server)
 void Volume::open_paths(size_t i, Server &s)
 {
 	std::span<std::byte> region(region_, region_len_);
-	auto io = std::make_unique<SharedPath[]>(npaths_);
+	auto io = std::make_unique<DonorPaths>();
+	io->path = std::make_unique<SharedPath[]>(npaths_);
 	for (unsigned k = 0; k < npaths_; k++)
-		io[k].dp = s.open_data_path(region);
+		io->path[k].dp = s.open_data_path(region);
 	auto maint = s.open_data_path(region);
 	io_paths_[i] = std::move(io);
 	maint_ch_->paths[i] = std::move(maint);
@@ -349,13 +350,13 @@ bool Volume::close_idle_server(size_t i)
 	unsigned open = 0;
 	const auto deadline = Clock::now() + timeout_;
 	for (unsigned k = 0; k < npaths_; k++) {
-		SharedPath &p = io_paths_[i][k];
+		SharedPath &p = io_paths_[i]->path[k];
 		if (!p.mu.try_lock_until(deadline)) {
 			open++;
 			continue;
 		}
 		p.dp->close_for_good();
-		p.mu.unlock();
+		io_paths_[i]->give(p);
 	}
 	kick_repair(); // the maintenance thread closes its own path to it
 	if (open)

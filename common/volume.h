@@ -318,6 +318,20 @@ private:
 		TimedMutex mu;
 		std::unique_ptr<DataPath> dp;
 	};
+	// One donor's shared paths, and the threads waiting for any of them to come free
+	// (volume_io.cpp). take() tries every path (starting at `usual`) without blocking; when
+	// all are busy it sleeps on `cv` until one is given back or `until`. give() unlocks a
+	// path and, only if someone waits (`waiters`), wakes one waiter. `m` is taken only by
+	// waiters and by a give() that has a waiter to wake: not on an uncontended request.
+	struct DonorPaths {
+		std::unique_ptr<SharedPath[]> path; // npaths_ of them
+		std::mutex m;
+		std::condition_variable cv;
+		std::atomic<unsigned> waiters{0};
+		// A free path (locked for the caller), or null if none came free by `until`.
+		SharedPath *take(unsigned n, unsigned usual, Clock::time_point until);
+		void give(SharedPath &p);
+	};
 	// The shared paths one chunk's round posts to (volume_io.cpp).
 	class HeldPaths;
 	// A channel held by this thread until destroyed (null if none could be had in time).
@@ -482,7 +496,7 @@ private:
 	// server is added; set before the server is published (nservers_), so whoever got the
 	// server's index from a replica or from placement finds them).
 	unsigned npaths_ = 1;
-	std::unique_ptr<std::unique_ptr<SharedPath[]>[]> io_paths_;
+	std::unique_ptr<std::unique_ptr<DonorPaths>[]> io_paths_;
 	// Opens npaths_ I/O paths and the maintenance path to `s` into slot i (setup: allocates,
 	// network waits). Throws std::runtime_error.
 	void open_paths(size_t i, Server &s);

@@ -25,16 +25,17 @@ void unlock_pieces(Slabs &slabs, const Pieces *pieces, unsigned n)
 } // namespace
 
 // The shared I/O paths of one chunk's round (at most one per replica of each piece), one per
-// donor: any of the donor's paths that is free, else its turn on the channel's usual one
-// (index % npaths_). Waits happen in ascending donor order, with at most one path per donor
-// held, so two threads wanting paths of the same donors never wait for each other in a cycle.
-// Holders of a path are inside one bounded batch (post, complete; or the reconnect a post
-// makes), which ends within the timeout: then it either succeeded, or the donor failed and
-// (if another replica can serve) was invalidated, and the waiters that get the path next see
-// that and skip it. So a waiter waits until the operation's deadline, not one timeout: giving
-// up earlier would fail requests whose only replica left is on a donor whose path another
-// thread is just re-establishing (the VM fault soak: a donor killed while the other holder's
-// paths reconnected after a partition). Unlocked together, at the latest when destroyed.
+// donor: any of the donor's paths that is free, starting from the channel's usual one (index
+// % npaths_), else the first one to come free (DonorPaths::take). Waits happen in ascending
+// donor order, with at most one path per donor held, so two threads wanting paths of the
+// same donors never wait for each other in a cycle. Holders of a path are inside one bounded
+// batch (post, complete; or the reconnect a post makes), which ends within the timeout: then
+// it either succeeded, or the donor failed and (if another replica can serve) was
+// invalidated, and the waiters that get a path next see that and skip it. So a waiter waits
+// until the operation's deadline, not one timeout: giving up earlier would fail requests
+// whose only replica left is on a donor whose paths another thread is just re-establishing
+// (the VM fault soak: a donor killed while the other holder's paths reconnected after a
+// partition). Given back together, at the latest when destroyed.
 class Volume::HeldPaths {
 public:
 	HeldPaths(const Volume &v, const Channel &ch) : v_(v), ch_(ch) {}
@@ -60,15 +61,8 @@ public:
 		std::sort(ids_, ids_ + n_); // (nothing is held yet)
 		bool all = true;
 		for (unsigned k = 0; k < n_; k++) {
-			SharedPath *paths = v_.io_paths_[ids_[k]].get();
-			const unsigned usual = ch_.index % v_.npaths_;
-			for (unsigned j = 0; j < v_.npaths_ && !held_[k]; j++) {
-				SharedPath &p = paths[(usual + j) % v_.npaths_];
-				if (p.mu.try_lock())
-					held_[k] = &p;
-			}
-			if (!held_[k] && paths[usual].mu.try_lock_until(until))
-				held_[k] = &paths[usual];
+			held_[k] = v_.io_paths_[ids_[k]]->take(v_.npaths_, ch_.index % v_.npaths_,
+								until);
 			all = all && held_[k];
 		}
 		return all;
@@ -80,7 +74,7 @@ public:
 	{
 		for (unsigned k = 0; k < n_; k++)
 			if (held_[k])
-				held_[k]->mu.unlock();
+				v_.io_paths_[ids_[k]]->give(*held_[k]);
 		n_ = 0;
 	}
 
@@ -99,6 +93,40 @@ private:
 	SharedPath *held_[ChunkDonors::kCapacity];
 	unsigned n_ = 0;
 };
+
+Volume::SharedPath *Volume::DonorPaths::take(unsigned n, unsigned usual, Clock::time_point until)
+{
+	auto any = [&]() -> SharedPath * {
+		for (unsigned j = 0; j < n; j++)
+			if (SharedPath &p = path[(usual + j) % n]; p.mu.try_lock())
+				return &p;
+		return nullptr;
+	};
+	if (SharedPath *p = any())
+		return p;
+	// All busy: count ourselves as a waiter *before* looking again, under `m`. A give()
+	// unlocks its path before it reads `waiters` (both ordered by the path's own mutex), so
+	// either we see its path free, or it sees us and wakes us (it takes `m` to do so, which
+	// it cannot while we look).
+	std::unique_lock l(m);
+	waiters.fetch_add(1);
+	SharedPath *p = any();
+	while (!p && cv.wait_until(l, until) == std::cv_status::no_timeout)
+		p = any();
+	if (!p)
+		p = any(); // woken and timed out at once: the wake-up may have been ours
+	waiters.fetch_sub(1);
+	return p;
+}
+
+void Volume::DonorPaths::give(SharedPath &p)
+{
+	p.mu.unlock();
+	if (waiters.load() == 0)
+		return;
+	std::lock_guard l(m);
+	cv.notify_one();
+}
 
 int Volume::read_chunk(Channel &ch, uint64_t at, uint32_t len)
 {

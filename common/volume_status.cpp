@@ -71,7 +71,7 @@ VolumeReport Volume::report() const
 	}
 	for (size_t k = 0; k < nserv; k++)
 		for (unsigned p = 0; p < npaths_; p++)
-			r.dp += io_paths_[k][p].dp->counters();
+			r.dp += io_paths_[k]->path[p].dp->counters();
 	for (size_t op = 0; op < kVolumeOps; op++)
 		for (size_t e = 0; e < kVolumeErrs; e++)
 			r.errors[op][e] = errors_[op][e].load(std::memory_order_relaxed);

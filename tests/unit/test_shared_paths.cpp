@@ -183,3 +183,51 @@ TEST_CASE("paths: a request whose only replica's path is busy waits for it, past
 	CHECK(vol->stats().server_failures == 0);
 	check_no_violations({a});
 }
+
+TEST_CASE("paths: a request whose usual path is stuck takes the first other one to come free",
+	  "[volume][paths]")
+{
+	// One donor, 2 paths, 4 channels. A read stalls on one path (S); another thread (H)
+	// holds the other path for 400 ms; a third (C), whose channel's usual path is S's, finds
+	// both busy. It must get H's path when H is done (about 0.4 s, plus its own 0.4 s), not
+	// wait behind the stalled read until its deadline (5 s).
+	quiet();
+	auto a = backend("a", 32);
+	auto o = opts(8 * SS, 4, 64 * KiB);
+	o.paths = 2;
+	o.replicas = 1;
+	o.timeout = std::chrono::milliseconds(5000);
+	auto vol = make_volume({a}, o);
+	Bytes shadow(8 * SS);
+	REQUIRE(write_shadow(*vol, shadow, pattern(8 * SS, 41), 0) == 0);
+	auto read_ok = [&](int slab) {
+		Bytes r(4096);
+		return vol->pread(r.data(), 4096, slab * SS) == 0 &&
+		       std::memcmp(r.data(), shadow.data() + slab * SS, 4096) == 0;
+	};
+	// The slab id of volume slab 0 (the fake numbers them in allocation order from 1000).
+	a->stall_id = 1000;
+	std::atomic<bool> s_ok{false}, h_ok{false}, c_ok{false};
+	std::thread s([&] { s_ok = read_ok(0); });
+	REQUIRE(eventually([&] { return a->stalled.load() == 1; }, std::chrono::seconds(5)));
+	// Threads of the next indices: H's usual channel (and so path) is the other one, C's
+	// usual path is S's.
+	a->complete_delay_us = 400000;
+	const uint64_t before = a->completes.load();
+	std::thread h([&] { h_ok = read_ok(2); });
+	REQUIRE(eventually([&] { return a->completes.load() > before; }, std::chrono::seconds(5)));
+	const auto t0 = std::chrono::steady_clock::now();
+	std::thread c([&] { c_ok = read_ok(4); });
+	c.join();
+	const double c_ms = ms_since(t0);
+	h.join();
+	a->complete_delay_us = 0;
+	a->stall_id = 0;
+	s.join();
+	CHECK(s_ok);
+	CHECK(h_ok);
+	CHECK(c_ok);
+	INFO("C took " << c_ms << " ms");
+	CHECK(c_ms < 2500);
+	check_no_violations({a});
+}

@@ -21,11 +21,6 @@ using Clock = std::chrono::steady_clock;
 
 namespace {
 
-double ms_since(Clock::time_point t0)
-{
-	return std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
-}
-
 // Runs `fn` in a loop on `n` threads until stopped (or for 5 s at most, so that a test of
 // something the load starves ends); counts errors.
 class Load {

@@ -165,6 +165,13 @@ inline int hammer_regions(Volume &vol, Bytes &shadow, int threads, uint64_t regi
 	return bad.load();
 }
 
+// Milliseconds since `t0`.
+inline double ms_since(std::chrono::steady_clock::time_point t0)
+{
+	return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0)
+		.count();
+}
+
 // Polls `cond` every 5 ms until it holds (true) or `limit` passes (false).
 template <typename F> inline bool eventually(F cond, std::chrono::milliseconds limit = std::chrono::seconds(20))
 {
