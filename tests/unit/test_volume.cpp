@@ -494,6 +494,10 @@ TEST_CASE("volume: slabs on a server that lost the session read EIO", "[volume]"
 	const uint64_t nslabs = 12;
 	const uint64_t size = nslabs * SS;
 	std::vector<std::shared_ptr<FakeBackend>> bs{backend("m0", 64), backend("m1", 64)};
+	// Free counts kept live, so that placement spreads the slabs over both (with the
+	// HELLO's counts alone, each slab is a coin flip: all 10 on one donor 1 run in 512).
+	for (auto &b : bs)
+		b->live_free = true;
 	auto vol = make_volume(bs, opts(size));
 	// Tag the first 8 bytes of slabs 0..9 with their index; 10, 11 stay empty.
 	Bytes shadow(size);
