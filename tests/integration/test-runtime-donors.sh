@@ -92,7 +92,17 @@ log "after a second write of 16 MiB: ${addrs[0]} $(ctl_get "${ports[0]}" slabs_u
 # The first donor lends its memory again (room for the writes and the repair below).
 ctl_lend "${ports[0]}" 48M >/dev/null || fail "rdmaswapctl lend failed"
 
-# Its registration vanishes: retired, no new slabs, its replicas serve on.
+# Its registration vanishes: retired, no new slabs, its replicas serve on. (A live memserver
+# puts its value again when its free slabs or sessions change, up to 5 s after the writes
+# above: first wait until the value says what it has, so that nothing puts it back while we
+# look for the retirement.)
+settled() {
+    local v
+    v=$(ectl get --print-value-only "${prefix}donors/$c_addr") &&
+        [[ $("$PYTHON" -c 'import json, sys; print(json.load(sys.stdin)["slabs_free"])' \
+            <<<"$v") == "$(ctl_get "$c_port" slabs_free)" ]]
+}
+wait_until 20 "the registration of $c_addr to count its free slabs" settled
 ectl del "${prefix}donors/$c_addr" >/dev/null
 wait_until 15 "$c_addr retired" donor_is "$c_addr" retired
 fio_region reg3 32 8 write
