@@ -320,13 +320,20 @@ private:
 	};
 	// One donor's shared paths, and the threads waiting for any of them to come free
 	// (volume_io.cpp). take() tries every path (starting at `usual`) without blocking; when
-	// all are busy it sleeps on `cv` until one is given back or `until`. give() unlocks a
-	// path and, only if someone waits (`waiters`), wakes one waiter. `m` is taken only by
-	// waiters and by a give() that has a waiter to wake: not on an uncontended request.
+	// all are busy it queues (FIFO, a node on its own stack) until a path is handed to it or
+	// `until`. give() unlocks a path and, only if someone waits (`waiters`), locks it again
+	// and hands it to the first in the queue, so that threads that keep arriving cannot
+	// take the paths again and again while a waiter sleeps (the tail). `m` is taken only by
+	// waiters and by a give() that has a waiter: not on an uncontended request.
 	struct DonorPaths {
+		struct Waiter {
+			std::condition_variable cv;
+			SharedPath *got = nullptr; // handed over by give(), locked
+			Waiter *next = nullptr;
+		};
 		std::unique_ptr<SharedPath[]> path; // npaths_ of them
 		std::mutex m;
-		std::condition_variable cv;
+		Waiter *head = nullptr, *tail = nullptr; // under m
 		std::atomic<unsigned> waiters{0};
 		// A free path (locked for the caller), or null if none came free by `until`.
 		SharedPath *take(unsigned n, unsigned usual, Clock::time_point until);

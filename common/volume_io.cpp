@@ -106,17 +106,32 @@ Volume::SharedPath *Volume::DonorPaths::take(unsigned n, unsigned usual, Clock::
 		return p;
 	// All busy: count ourselves as a waiter *before* looking again, under `m`. A give()
 	// unlocks its path before it reads `waiters` (both ordered by the path's own mutex), so
-	// either we see its path free, or it sees us and wakes us (it takes `m` to do so, which
-	// it cannot while we look).
+	// either we see its path free, or it sees us and hands us a path (it takes `m` to do
+	// so, which it cannot while we look and queue).
+	Waiter w;
 	std::unique_lock l(m);
 	waiters.fetch_add(1);
-	SharedPath *p = any();
-	while (!p && cv.wait_until(l, until) == std::cv_status::no_timeout)
-		p = any();
-	if (!p)
-		p = any(); // woken and timed out at once: the wake-up may have been ours
+	if (SharedPath *p = any()) {
+		waiters.fetch_sub(1);
+		return p;
+	}
+	(tail ? tail->next : head) = &w;
+	tail = &w;
+	while (!w.got && w.cv.wait_until(l, until) == std::cv_status::no_timeout) {
+	}
+	if (!w.got) { // out of time, still queued: leave the queue
+		Waiter **at = &head;
+		Waiter *prev = nullptr;
+		while (*at != &w) {
+			prev = *at;
+			at = &(*at)->next;
+		}
+		*at = w.next;
+		if (tail == &w)
+			tail = prev;
+	}
 	waiters.fetch_sub(1);
-	return p;
+	return w.got;
 }
 
 void Volume::DonorPaths::give(SharedPath &p)
@@ -125,7 +140,16 @@ void Volume::DonorPaths::give(SharedPath &p)
 	if (waiters.load() == 0)
 		return;
 	std::lock_guard l(m);
-	cv.notify_one();
+	// Lock it again for the first waiter (unless a newcomer took it in between: then that
+	// one gives it back later, and hands it over then).
+	if (!head || !p.mu.try_lock())
+		return;
+	Waiter *w = head;
+	head = w->next;
+	if (!head)
+		tail = nullptr;
+	w->got = &p;
+	w->cv.notify_one();
 }
 
 int Volume::read_chunk(Channel &ch, uint64_t at, uint32_t len)
