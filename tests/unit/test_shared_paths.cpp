@@ -15,6 +15,35 @@
 using namespace rdmaswap;
 using namespace rdmaswap::test;
 
+namespace {
+
+// One donor, 4 channels of 64 KiB sharing `paths` paths, no second replica, the given timeout;
+// its 8 slabs written.
+struct OneDonor {
+	std::shared_ptr<FakeBackend> a = backend("a", 32);
+	std::unique_ptr<Volume> vol;
+	Bytes shadow = Bytes(8 * SS);
+
+	OneDonor(unsigned paths, std::chrono::milliseconds timeout)
+	{
+		auto o = opts(8 * SS, 4, 64 * KiB);
+		o.paths = paths;
+		o.replicas = 1;
+		o.timeout = timeout;
+		vol = make_volume({a}, o);
+		REQUIRE(write_shadow(*vol, shadow, pattern(8 * SS, 41), 0) == 0);
+	}
+	// Reads `len` bytes at the start of slab `slab`: whether that worked and matched.
+	bool read_ok(int slab, uint32_t len) const
+	{
+		Bytes r(len);
+		return vol->pread(r.data(), len, slab * SS) == 0 &&
+		       std::memcmp(r.data(), shadow.data() + slab * SS, len) == 0;
+	}
+};
+
+} // namespace
+
 TEST_CASE("paths: a donor gets min(paths, channels) + 1 data paths, whatever the channels",
 	  "[volume][paths]")
 {
@@ -155,33 +184,21 @@ TEST_CASE("paths: a request whose only replica's path is busy waits for it, past
 	// path, every batch takes 1.2 s (timeout 1 s: a slow reconnect, say); 3 reads at once
 	// finish after about 1.2, 2.4 and 3.6 s, all of them right.
 	quiet();
-	auto a = backend("a", 32);
-	auto o = opts(8 * SS, 4, 64 * KiB);
-	o.paths = 1;
-	o.replicas = 1;
-	o.timeout = std::chrono::milliseconds(1000);
-	auto vol = make_volume({a}, o);
-	Bytes shadow(8 * SS);
-	for (int s = 0; s < 8; s++)
-		REQUIRE(write_shadow(*vol, shadow, pattern(SS, 500 + s), s * SS) == 0);
-	a->complete_delay_us = 1200000;
-	std::atomic<int> errors{0}, mismatches{0};
+	OneDonor d(1, std::chrono::milliseconds(1000));
+	d.a->complete_delay_us = 1200000;
+	std::atomic<int> bad{0};
 	std::vector<std::thread> ts;
 	for (int s : {1, 4, 6})
 		ts.emplace_back([&, s] {
-			Bytes r(SS);
-			if (vol->pread(r.data(), uint32_t(SS), s * SS) != 0)
-				errors++;
-			else if (std::memcmp(r.data(), shadow.data() + s * SS, SS) != 0)
-				mismatches++;
+			if (!d.read_ok(s, uint32_t(SS)))
+				bad++;
 		});
 	for (auto &t : ts)
 		t.join();
-	a->complete_delay_us = 0;
-	CHECK(errors == 0);
-	CHECK(mismatches == 0);
-	CHECK(vol->stats().server_failures == 0);
-	check_no_violations({a});
+	d.a->complete_delay_us = 0;
+	CHECK(bad == 0); // no error, no wrong byte
+	CHECK(d.vol->stats().server_failures == 0);
+	check_no_violations({d.a});
 }
 
 TEST_CASE("paths: a request whose usual path is stuck takes the first other one to come free",
@@ -192,32 +209,21 @@ TEST_CASE("paths: a request whose usual path is stuck takes the first other one 
 	// both busy. It must get H's path when H is done (about 0.4 s, plus its own 0.4 s), not
 	// wait behind the stalled read until its deadline (5 s).
 	quiet();
-	auto a = backend("a", 32);
-	auto o = opts(8 * SS, 4, 64 * KiB);
-	o.paths = 2;
-	o.replicas = 1;
-	o.timeout = std::chrono::milliseconds(5000);
-	auto vol = make_volume({a}, o);
-	Bytes shadow(8 * SS);
-	REQUIRE(write_shadow(*vol, shadow, pattern(8 * SS, 41), 0) == 0);
-	auto read_ok = [&](int slab) {
-		Bytes r(4096);
-		return vol->pread(r.data(), 4096, slab * SS) == 0 &&
-		       std::memcmp(r.data(), shadow.data() + slab * SS, 4096) == 0;
-	};
+	OneDonor d(2, std::chrono::milliseconds(5000));
+	auto &a = d.a;
 	// The slab id of volume slab 0 (the fake numbers them in allocation order from 1000).
 	a->stall_id = 1000;
 	std::atomic<bool> s_ok{false}, h_ok{false}, c_ok{false};
-	std::thread s([&] { s_ok = read_ok(0); });
+	std::thread s([&] { s_ok = d.read_ok(0, 4096); });
 	REQUIRE(eventually([&] { return a->stalled.load() == 1; }, std::chrono::seconds(5)));
 	// Threads of the next indices: H's usual channel (and so path) is the other one, C's
 	// usual path is S's.
 	a->complete_delay_us = 400000;
 	const uint64_t before = a->completes.load();
-	std::thread h([&] { h_ok = read_ok(2); });
+	std::thread h([&] { h_ok = d.read_ok(2, 4096); });
 	REQUIRE(eventually([&] { return a->completes.load() > before; }, std::chrono::seconds(5)));
 	const auto t0 = std::chrono::steady_clock::now();
-	std::thread c([&] { c_ok = read_ok(4); });
+	std::thread c([&] { c_ok = d.read_ok(4, 4096); });
 	c.join();
 	const double c_ms = ms_since(t0);
 	h.join();
