@@ -7,7 +7,8 @@
 # - memory: nbdkit's memory plugin alone (the cost of NBD itself).
 # All three are served on a Unix socket and driven by fio's NBD engine. Prints a markdown table:
 # IOPS, p50 and p99 completion latency of each, the IOPS ratios rdmaswap/proxy and
-# rdmaswap/memory, and the CPU the servers used.
+# rdmaswap/memory, the CPU the servers used, and the machine's context switches per request (a
+# sleep and a wake-up each, mostly: what a request costs on small machines; docs/performance.md).
 #
 # Usage: bench/fio-compare.sh BUILD_DIR
 # Environment (all optional):
@@ -69,6 +70,9 @@ wait_for() { # SECONDS CMD...: retry CMD every 0.1 s
 
 # CPU seconds (user+system, all threads) a process has used so far.
 cpu_ticks() { awk '{print $14 + $15}' "/proc/$1/stat"; }
+# Context switches of the whole machine so far (nbdkit's worker threads end with each client
+# connection, so per-process counts would miss them; keep the machine otherwise quiet).
+ctx_switches() { awk '$1 == "ctxt" {print $2}' /proc/stat; }
 
 free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
 port=$(free_port)
@@ -114,43 +118,49 @@ for t in rdmaswap proxy memory; do
         >/dev/null 2>&1
 done
 
-# run TARGET RW BS QD: one fio measurement; prints "iops p50_us p99_us server_cpu% backend_cpu%"
-# (backend: the memserver for rdmaswap, the proxy's `nbdkit memory`; 0 for memory).
+# run TARGET RW BS QD: one fio measurement; prints "iops p50_us p99_us server_cpu% backend_cpu%
+# cs_per_request" (backend: the memserver for rdmaswap, the proxy's `nbdkit memory`; 0 for memory).
 run() {
-    local t=$1 rw=$2 bs=$3 qd=$4 json server_pid backend_pid a0 b0 a1 b1 t0 t1
+    local t=$1 rw=$2 bs=$3 qd=$4 json server_pid backend_pid a0 b0 a1 b1 t0 t1 c0 c1 iops
     json="$out/$t-$rw-$bs-qd$qd-${rep:-1}.json"
     case $t in
     rdmaswap) server_pid=$rs_pid backend_pid=$ms_pid ;;
     proxy) server_pid=$px_pid backend_pid=$pb_pid ;;
     memory) server_pid=$mem_pid backend_pid= ;;
     esac
-    # CPU is sampled around the whole fio run (ramp included) and divided by its wall time.
+    # CPU and context switches are sampled around the whole fio run (ramp included) and divided
+    # by its wall time (and the switches, by the IOPS too).
     a0=$(cpu_ticks "$server_pid"); b0=0; [[ -n $backend_pid ]] && b0=$(cpu_ticks "$backend_pid")
+    c0=$(ctx_switches)
     t0=$(date +%s.%N)
     fio --name="$t-$rw-$bs-qd$qd" --ioengine=nbd --uri="$(uri "$t")" --rw="$rw" --bs="$bs" \
         --iodepth="$qd" --numjobs=1 --size="$SIZE" --time_based --runtime="$RUNTIME" \
         --ramp_time="$RAMP" --norandommap --randrepeat=0 --output-format=json --output="$json" \
         >/dev/null 2>&1
     a1=$(cpu_ticks "$server_pid"); b1=0; [[ -n $backend_pid ]] && b1=$(cpu_ticks "$backend_pid")
+    c1=$(ctx_switches)
     t1=$(date +%s.%N)
     local dir="read"
     [[ $rw == *write ]] && dir="write"
+    iops=$(jq -r --arg d "$dir" '.jobs[0][$d].iops' "$json")
     jq -r --arg d "$dir" '.jobs[0][$d] |
         "\(.iops) \(.clat_ns.percentile["50.000000"] / 1000) \(.clat_ns.percentile["99.000000"] / 1000)"' \
         "$json" | tr '\n' ' '
-    python3 -c "import sys; a0,a1,b0,b1,t0,t1,hz=map(float,sys.argv[1:]); w=t1-t0
-print('%.0f %.0f' % (100*(a1-a0)/hz/w, 100*(b1-b0)/hz/w))" "$a0" "$a1" "$b0" "$b1" "$t0" "$t1" "$hz"
+    python3 -c "import sys; a0,a1,b0,b1,t0,t1,hz,c0,c1,iops=map(float,sys.argv[1:]); w=t1-t0
+print('%.0f %.0f %.2f' % (100*(a1-a0)/hz/w, 100*(b1-b0)/hz/w, (c1-c0)/w/iops if iops else float('nan')))" \
+        "$a0" "$a1" "$b0" "$b1" "$t0" "$t1" "$hz" "$c0" "$c1" "$iops"
 }
 
 echo "rdmaswap (TCP, 127.0.0.1, slab $SLAB) vs proxy (nbdkit nbd -> TCP 127.0.0.1 -> nbdkit memory) vs"
 echo "nbdkit memory (allocator=malloc); fio nbd engine, 1 job,"
 echo "${RUNTIME}s per row after ${RAMP}s ramp, device $SIZE (filled), nbdkit --threads $THREADS, $(nproc) CPUs."
 echo "Latency: fio completion latency (clat). CPU: % of one core, whole fio run incl. ramp."
+echo "cs/req: context switches of the whole machine per request (rate over the fio run ÷ IOPS)."
 [[ $REPEAT -gt 1 ]] && echo "Each column: the median of $REPEAT alternating runs (range of each ratio in brackets)."
 echo "Load average before: $(cut -d' ' -f1-3 /proc/loadavg) (anything else running skews every column)."
 echo
-echo "| workload | QD | rdmaswap IOPS | p50 µs | p99 µs | proxy IOPS | p50 µs | p99 µs | memory IOPS | p50 µs | p99 µs | ÷ proxy | ÷ memory | CPU% nbdkit-rdmaswap | CPU% memserver | CPU% nbdkit-proxy | CPU% proxy's memory | CPU% nbdkit-memory |"
-echo "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
+echo "| workload | QD | rdmaswap IOPS | p50 µs | p99 µs | proxy IOPS | p50 µs | p99 µs | memory IOPS | p50 µs | p99 µs | ÷ proxy | ÷ memory | CPU% nbdkit-rdmaswap | CPU% memserver | CPU% nbdkit-proxy | CPU% proxy's memory | CPU% nbdkit-memory | cs/req rdmaswap | cs/req proxy | cs/req memory |"
+echo "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
 for row in $ROWS; do
     IFS=: read -r rw bs qd <<<"$row"
     results=()
@@ -161,19 +171,21 @@ for row in $ROWS; do
 import sys
 rw, bs, qd = sys.argv[1:4]
 import statistics
-# Each run: for rdmaswap, proxy, memory in turn: iops p50 p99 server_cpu backend_cpu
+# Each run: for rdmaswap, proxy, memory in turn: iops p50 p99 server_cpu backend_cpu cs_per_req
+# (6 fields each, 18 in all); the two ratios are appended (18, 19).
 runs = [list(map(float, r.split())) for r in sys.argv[4:]]
 for r in runs:  # the ratios of each run (the three targets ran back to back)
-    r.append(r[0] / r[5] if r[5] else float("nan"))
-    r.append(r[0] / r[10] if r[10] else float("nan"))
+    r.append(r[0] / r[6] if r[6] else float("nan"))
+    r.append(r[0] / r[12] if r[12] else float("nan"))
 med = [statistics.median(r[i] for r in runs) for i in range(len(runs[0]))]
 def ratio(i):
     vals = sorted(r[i] for r in runs)
     spread = "" if len(vals) == 1 else " (%.2f-%.2f)" % (vals[0], vals[-1])
     return "%.2f%s" % (med[i], spread)
-print("| %s %s | %s | %.0f | %.0f | %.0f | %.0f | %.0f | %.0f | %.0f | %.0f | %.0f | %s | %s | %.0f | %.0f | %.0f | %.0f | %.0f |"
-      % (rw, bs, qd, med[0], med[1], med[2], med[5], med[6], med[7], med[10], med[11], med[12],
-         ratio(15), ratio(16), med[3], med[4], med[8], med[9], med[13]))
+print("| %s %s | %s | %.0f | %.0f | %.0f | %.0f | %.0f | %.0f | %.0f | %.0f | %.0f | %s | %s | %.0f | %.0f | %.0f | %.0f | %.0f | %.2f | %.2f | %.2f |"
+      % (rw, bs, qd, med[0], med[1], med[2], med[6], med[7], med[8], med[12], med[13], med[14],
+         ratio(18), ratio(19), med[3], med[4], med[9], med[10], med[15],
+         med[5], med[11], med[17]))
 PY
 done
 echo
