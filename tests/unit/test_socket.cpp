@@ -22,6 +22,7 @@
 #include "common/remote_server.h"
 #include "common/tcp/rpc.h"
 #include "common/tcp/socket.h"
+#include "test_clock.h"
 
 using namespace rdmaswap;
 using namespace std::chrono_literals;
@@ -39,10 +40,7 @@ struct Pair {
 	}
 };
 
-double ms_since(Clock::time_point t)
-{
-	return std::chrono::duration<double, std::milli>(Clock::now() - t).count();
-}
+using test::ms_since;
 
 // Writes `data` to `fd` one byte every `every` until done or `stop`.
 std::thread trickle_writer(int fd, std::vector<std::byte> data, std::chrono::milliseconds every,

@@ -28,6 +28,7 @@
 #include "common/protocol.h"
 #include "common/tcp/socket.h"
 #include "common/tcp/tcp_data_path.h"
+#include "test_clock.h"
 
 using namespace rdmaswap;
 using namespace std::chrono_literals;
@@ -38,10 +39,7 @@ constexpr uint64_t kSession = 42;
 constexpr uint64_t kToken = 7;
 constexpr uint64_t kSlabLen = 4 << 20;
 
-double ms_since(Clock::time_point t)
-{
-	return std::chrono::duration<double, std::milli>(Clock::now() - t).count();
-}
+using test::ms_since;
 
 std::byte pattern(uint64_t off)
 {

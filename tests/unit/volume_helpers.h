@@ -18,6 +18,7 @@
 #include "common/log.h"
 #include "common/volume.h"
 #include "fake_transport.h"
+#include "test_clock.h"
 
 namespace rdmaswap::test {
 
@@ -163,13 +164,6 @@ inline int hammer_regions(Volume &vol, Bytes &shadow, int threads, uint64_t regi
 	for (auto &t : ts)
 		t.join();
 	return bad.load();
-}
-
-// Milliseconds since `t0`.
-inline double ms_since(std::chrono::steady_clock::time_point t0)
-{
-	return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0)
-		.count();
 }
 
 // Polls `cond` every 5 ms until it holds (true) or `limit` passes (false).
