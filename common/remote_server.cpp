@@ -351,4 +351,21 @@ std::unique_ptr<DataPath> RemoteServer::open_data_path(std::span<std::byte> regi
 					     control_->token(), opts_.timeout, region, lost_);
 }
 
+unsigned RemoteServer::path_sharing() const
+{
+	return opts_.kind == TransportKind::Rdma ? 1 : TcpDataPath::kMaxSharing;
+}
+
+std::unique_ptr<DataPath> RemoteServer::share_data_path(DataPath &with)
+{
+	auto *tcp = opts_.kind == TransportKind::Rdma ? nullptr : dynamic_cast<TcpDataPath *>(&with);
+	if (!tcp)
+		return nullptr;
+	try {
+		return std::make_unique<TcpDataPath>(*tcp);
+	} catch (const std::runtime_error &) {
+		return nullptr; // it carries kMaxSharing already
+	}
+}
+
 } // namespace rdmaswap

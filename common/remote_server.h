@@ -62,6 +62,8 @@ public:
 	int refresh_hint() override;
 	int stats(proto::StatsReply &out) override;
 	std::unique_ptr<DataPath> open_data_path(std::span<std::byte> region) override;
+	unsigned path_sharing() const override;
+	std::unique_ptr<DataPath> share_data_path(DataPath &with) override;
 	bool session_alive() const override;
 	uint32_t slabs_free() const override { return free_.load(); }
 	bool bound() const override { return !opts_.volume.empty(); }

@@ -71,9 +71,11 @@ private:
 	std::atomic<uint64_t> v_{0};
 };
 
-// One data connection to one memserver. Not thread-safe: exactly one thread uses it at a time
-// (the volume's channels share a donor's paths, each under a lock held from a batch's first
-// post to its complete()). After setup it never allocates memory.
+// One data connection to one memserver, or (TCP) one thread's share of one
+// (Server::share_data_path). Not thread-safe: exactly one thread uses it at a time (the
+// volume's channels share a donor's paths, each under a lock held from a batch's first post to
+// its complete()); paths that share a connection are used by different threads at once.
+// After setup it never allocates memory.
 //
 // Usage: post up to kMaxBatch reads or writes, then complete() waits for all of them.
 // `local` must lie inside the region given to Server::open_data_path. A batch is either all
@@ -155,6 +157,17 @@ public:
 	// Make a data path whose posts may use local buffers inside `region`. Setup only (may
 	// allocate, may block up to the connect timeout). Throws std::runtime_error on failure.
 	virtual std::unique_ptr<DataPath> open_data_path(std::span<std::byte> region) = 0;
+	// Paths sharing one connection, each with its own batch, in flight at once from different
+	// threads (TCP; not RDMA): how many one connection may carry (1: the transport does not
+	// share), and a new path on the connection of `with` (a path this server opened; its
+	// region). Null when the transport does not share or the connection carries that many.
+	// Setup only.
+	virtual unsigned path_sharing() const { return 1; }
+	virtual std::unique_ptr<DataPath> share_data_path(DataPath &with)
+	{
+		(void)with;
+		return nullptr;
+	}
 	// False once the server lost this session (it restarted or dropped us): its slabs are gone.
 	virtual bool session_alive() const = 0;
 

@@ -303,9 +303,22 @@ void Volume::open_paths(size_t i, Server &s)
 {
 	std::span<std::byte> region(region_, region_len_);
 	auto io = std::make_unique<DonorPaths>();
-	io->path = std::make_unique<SharedPath[]>(npaths_);
+	// Where paths share a connection (TCP), each channel may have a path of its own, its
+	// requests in flight beside those of the other paths on the connection: a request
+	// queues for a path only when every channel is busy on this donor.
+	const unsigned want = unsigned(
+		std::min<size_t>(channels_.size(), size_t(npaths_) * std::max(1u, s.path_sharing())));
+	io->path = std::make_unique<SharedPath[]>(want);
 	for (unsigned k = 0; k < npaths_; k++)
 		io->path[k].dp = s.open_data_path(region);
+	io->n = npaths_;
+	for (unsigned k = npaths_; k < want; k++) {
+		auto dp = s.share_data_path(*io->path[k % npaths_].dp);
+		if (!dp)
+			break;
+		io->path[k].dp = std::move(dp);
+		io->n = k + 1;
+	}
 	auto maint = s.open_data_path(region);
 	io_paths_[i] = std::move(io);
 	maint_ch_->paths[i] = std::move(maint);
@@ -349,7 +362,7 @@ bool Volume::close_idle_server(size_t i)
 	// these paths; each is closed with its lock held all the same (one deadline for all).
 	unsigned open = 0;
 	const auto deadline = Clock::now() + timeout_;
-	for (unsigned k = 0; k < npaths_; k++) {
+	for (unsigned k = 0; k < io_paths_[i]->n; k++) {
 		SharedPath &p = io_paths_[i]->path[k];
 		if (!p.mu.try_lock_until(deadline)) {
 			open++;

@@ -331,12 +331,15 @@ private:
 			SharedPath *got = nullptr; // handed over by give(), locked
 			Waiter *next = nullptr;
 		};
-		std::unique_ptr<SharedPath[]> path; // npaths_ of them
+		// `n` of them: npaths_ connections, and over a transport whose paths share a
+		// connection (TCP) more paths on them, up to one per channel (open_paths).
+		std::unique_ptr<SharedPath[]> path;
+		unsigned n = 0;
 		std::mutex m;
 		Waiter *head = nullptr, *tail = nullptr; // under m
 		std::atomic<unsigned> waiters{0};
 		// A free path (locked for the caller), or null if none came free by `until`.
-		SharedPath *take(unsigned n, unsigned usual, Clock::time_point until);
+		SharedPath *take(unsigned usual, Clock::time_point until);
 		void give(SharedPath &p);
 	};
 	// The shared paths one chunk's round posts to (volume_io.cpp).
@@ -499,13 +502,14 @@ private:
 	size_t region_len_ = 0;
 	std::vector<std::unique_ptr<Channel>> channels_; // I/O channels
 	std::unique_ptr<Channel> maint_ch_;              // the maintenance thread's (2 windows)
-	// The I/O channels' data paths: max_servers_ slots of npaths_ paths each (null until the
-	// server is added; set before the server is published (nservers_), so whoever got the
-	// server's index from a replica or from placement finds them).
+	// The I/O channels' data paths: max_servers_ slots of DonorPaths (null until the server
+	// is added; set before the server is published (nservers_), so whoever got the server's
+	// index from a replica or from placement finds them), each on npaths_ connections.
 	unsigned npaths_ = 1;
 	std::unique_ptr<std::unique_ptr<DonorPaths>[]> io_paths_;
-	// Opens npaths_ I/O paths and the maintenance path to `s` into slot i (setup: allocates,
-	// network waits). Throws std::runtime_error.
+	// Opens npaths_ I/O paths (connections), more paths sharing them where the transport
+	// allows (up to one per channel), and the maintenance path to `s` into slot i (setup:
+	// allocates, network waits). Throws std::runtime_error.
 	void open_paths(size_t i, Server &s);
 	CloneJob clone_job_;                             // one copy at a time (maintenance thread)
 	std::mutex place_mu_;  // placement (rng, load snapshot): allocation path only

@@ -26,7 +26,7 @@ void unlock_pieces(Slabs &slabs, const Pieces *pieces, unsigned n)
 
 // The shared I/O paths of one chunk's round (at most one per replica of each piece), one per
 // donor: any of the donor's paths that is free, starting from the channel's usual one (index
-// % npaths_), else the first one to come free (DonorPaths::take). Waits happen in ascending
+// % its paths), else the first one to come free (DonorPaths::take). Waits happen in ascending
 // donor order, with at most one path per donor held, so two threads wanting paths of the
 // same donors never wait for each other in a cycle. Holders of a path are inside one bounded
 // batch (post, complete; or the reconnect a post makes), which ends within the timeout: then
@@ -61,8 +61,8 @@ public:
 		std::sort(ids_, ids_ + n_); // (nothing is held yet)
 		bool all = true;
 		for (unsigned k = 0; k < n_; k++) {
-			held_[k] = v_.io_paths_[ids_[k]]->take(v_.npaths_, ch_.index % v_.npaths_,
-								until);
+			DonorPaths &d = *v_.io_paths_[ids_[k]];
+			held_[k] = d.take(ch_.index % d.n, until);
 			all = all && held_[k];
 		}
 		return all;
@@ -94,7 +94,7 @@ private:
 	unsigned n_ = 0;
 };
 
-Volume::SharedPath *Volume::DonorPaths::take(unsigned n, unsigned usual, Clock::time_point until)
+Volume::SharedPath *Volume::DonorPaths::take(unsigned usual, Clock::time_point until)
 {
 	auto any = [&]() -> SharedPath * {
 		for (unsigned j = 0; j < n; j++)

@@ -70,7 +70,7 @@ VolumeReport Volume::report() const
 		r.write_latency += ch->write_latency.snapshot();
 	}
 	for (size_t k = 0; k < nserv; k++)
-		for (unsigned p = 0; p < npaths_; p++)
+		for (unsigned p = 0; p < io_paths_[k]->n; p++)
 			r.dp += io_paths_[k]->path[p].dp->counters();
 	for (size_t op = 0; op < kVolumeOps; op++)
 		for (size_t e = 0; e < kVolumeErrs; e++)

@@ -1,70 +1,216 @@
 // SPDX-License-Identifier: MIT
-// TCP data path: several READ/WRITE requests in flight, sent with few sendmsg calls, replies
-// matched by request id and received through a staging buffer; a batch is bounded by one
-// deadline from its first post.
+// TCP data path: several READ/WRITE requests in flight, from one or several paths (threads)
+// sharing a connection; replies matched by request id and received by whichever waiting
+// thread reads for all; a batch is bounded by one deadline from its first post.
 #include "common/tcp/tcp_data_path.h"
+
+#include <sys/socket.h>
 
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
+#include <mutex>
 #include <stdexcept>
 
+#include "common/backoff.h"
 #include "common/log.h"
 #include "common/tcp/rpc.h"
 
 namespace rdmaswap {
 
+namespace {
+// Request ids: (sequence number << 8) | the path's slot on its connection.
+constexpr unsigned kSlotBits = 8;
+static_assert(TcpDataPath::kMaxSharing <= (1u << kSlotBits));
+} // namespace
+
+// What the paths of one connection share. Everything here is under `mu`; `fd` is used outside
+// it only by the one sender (`sending`) and the one reader (`reading`), and replaced only when
+// there is neither (reconnect). `dst` is written outside it by the reader only.
+struct TcpDataPath::Link {
+	Link(const SockAddr &a, std::shared_ptr<const AuthKey> k, uint64_t sid, uint64_t tok,
+	     std::chrono::milliseconds t)
+		: addr(a), key(std::move(k)), session_id(sid), token(tok), timeout(t),
+		  staging(std::make_unique<std::byte[]>(kStaging))
+	{
+	}
+
+	const SockAddr addr;
+	const std::shared_ptr<const AuthKey> key;
+	const uint64_t session_id;
+	const uint64_t token;
+	const std::chrono::milliseconds timeout;
+
+	std::mutex mu;
+	Fd fd;
+	bool up = false;         // fd is connected and its stream in step
+	bool closed = false;     // close_for_good(): never again
+	bool connecting = false; // a path reconnects (outside mu)
+	uint64_t gen = 1;        // changed by every failure and every reconnect
+	uint64_t conn_id = 0;    // the server's id for the connection: a reconnect fences it
+	Backoff backoff;
+	bool sending = false;  // a path sends on fd (outside mu)
+	bool reading = false;  // a path receives on fd (outside mu) ...
+	uint64_t read_gen = 0; // ... on this generation
+	// sending, reading or connecting went false.
+	std::condition_variable idle;
+	std::array<TcpDataPath *, kMaxSharing> paths{};
+	uint64_t seq = 0;         // the last request's sequence number
+	unsigned outstanding = 0; // requests of this generation registered and not answered
+
+	// Reply staging: bytes [beg, end) are received and not yet consumed. While a payload is
+	// partly received (rest > 0: `rest` bytes due at `dst`, request `rest_i` of
+	// `rest_path`), the staging buffer is empty.
+	std::unique_ptr<std::byte[]> staging;
+	size_t beg = 0, end = 0;
+	std::byte *dst = nullptr;
+	size_t rest = 0;
+	TcpDataPath *rest_path = nullptr;
+
+	// The connection fails: every batch on it fails (EIO), the socket is shut down (which
+	// ends a reader's or sender's wait; it is closed when replaced), and `cause` is logged.
+	void fail(const std::string &name, int cause)
+	{
+		if (!up)
+			return;
+		if (cause == ECANCELED) // a stop request is no failure of the memserver
+			logger("tcp")->debug("{} closed: stopping", name);
+		else
+			logger("tcp")->warn("{} failed: {}", name,
+					    cause == ETIMEDOUT ? "no complete answer within the timeout"
+							       : std::strerror(cause));
+		up = false;
+		gen++;
+		backoff.failed(Backoff::clock::now());
+		::shutdown(fd.get(), SHUT_RDWR);
+		outstanding = 0;
+		beg = end = 0;
+		dst = nullptr;
+		rest = 0;
+		rest_path = nullptr;
+		for (TcpDataPath *p : paths)
+			if (p)
+				p->cv_.notify_one();
+		idle.notify_all();
+	}
+
+	// Request `p`'s reply `i` is in whole.
+	void answered(TcpDataPath *p, TcpDataPath *reader)
+	{
+		p->nanswered_++;
+		outstanding--;
+		if (p != reader && p->nanswered_ == p->nsent_)
+			p->cv_.notify_one();
+	}
+};
+
 TcpDataPath::TcpDataPath(const SockAddr &addr, std::shared_ptr<const AuthKey> key,
 			 uint64_t session_id, uint64_t token, std::chrono::milliseconds timeout,
 			 std::span<std::byte> region, std::shared_ptr<std::atomic<bool>> session_lost)
 	: DataPathBase("tcp", "data connection to " + addr.str(), region, std::move(session_lost)),
-	  addr_(addr), key_(std::move(key)), session_id_(session_id), token_(token),
-	  timeout_(timeout), staging_(std::make_unique<std::byte[]>(kStaging))
+	  link_(std::make_shared<Link>(addr, std::move(key), session_id, token, timeout))
 {
+	Link &l = *link_;
 	int err = 0;
-	fd_ = join_session(addr_, deadline_after(timeout_), key_.get(), session_id_, token_, false,
-			   0, conn_id_, err);
-	if (!fd_)
-		throw std::runtime_error("tcp data connection to " + addr_.str() + ": " +
+	l.fd = join_session(l.addr, deadline_after(timeout), l.key.get(), session_id, token, false,
+			    0, l.conn_id, err);
+	if (!l.fd)
+		throw std::runtime_error("tcp data connection to " + addr.str() + ": " +
 					 connect_error_text(err));
+	l.up = true;
+	l.paths[0] = this;
+}
+
+TcpDataPath::TcpDataPath(TcpDataPath &with)
+	: DataPathBase("tcp", with.name_, with.region_, with.session_lost_), link_(with.link_)
+{
+	std::lock_guard lock(link_->mu);
+	unsigned s = 0;
+	while (s < kMaxSharing && link_->paths[s])
+		s++;
+	if (s == kMaxSharing)
+		throw std::runtime_error(name_ + ": already shared by " +
+					 std::to_string(kMaxSharing) + " paths");
+	slot_ = s;
+	link_->paths[s] = this;
+}
+
+TcpDataPath::~TcpDataPath()
+{
+	std::lock_guard lock(link_->mu);
+	link_->paths[slot_] = nullptr;
+}
+
+bool TcpDataPath::connected() const
+{
+	std::lock_guard lock(link_->mu);
+	return link_->up;
 }
 
 int TcpDataPath::reconnect()
 {
+	Link &l = *link_;
+	std::unique_lock lock(l.mu);
+	// Another path of the connection may be at it: its outcome serves this one too.
+	if (!l.idle.wait_until(lock, deadline_, [&] { return !l.connecting; }))
+		return ETIMEDOUT;
+	if (l.up)
+		return 0;
+	if (l.closed)
+		return ECANCELED;
+	if (!l.backoff.may_try(Backoff::clock::now()))
+		return EAGAIN; // another path's attempt failed a moment ago
+	// The old socket is shut down: whoever still sends or reads on it stops at once.
+	if (!l.idle.wait_until(lock, deadline_, [&] { return !l.sending && !l.reading; }))
+		return ETIMEDOUT;
+	l.connecting = true;
+	const uint64_t replaces = l.conn_id;
+	lock.unlock();
 	// Fence the old connection: a write it still had in flight must not land after ours. The
 	// handshake counts against the batch's deadline.
 	int err = 0;
-	fd_ = join_session(addr_, deadline_, key_.get(), session_id_, token_, false, conn_id_,
-			   conn_id_, err);
-	if (fd_)
+	uint64_t conn_id = 0;
+	Fd fd = join_session(l.addr, deadline_, l.key.get(), l.session_id, l.token, false, replaces,
+			     conn_id, err);
+	lock.lock();
+	l.connecting = false;
+	if (fd) {
+		l.fd = std::move(fd);
+		l.conn_id = conn_id;
+		l.up = true;
+		l.gen++;
+		l.backoff.succeeded();
+	} else {
+		l.backoff.failed(Backoff::clock::now());
+	}
+	l.idle.notify_all();
+	if (l.up)
 		return 0;
+	lock.unlock();
 	if (err != ENOENT && err != ECANCELED)
 		logger("tcp")->warn("{}: reconnect failed: {}", name_, connect_error_text(err));
 	return err ? err : EIO;
 }
 
-void TcpDataPath::fail(int cause)
+void TcpDataPath::disconnect()
 {
-	latch(EIO);
-	if (fd_) {
-		// Shutting down (a stop request) is no failure of the memserver: say so quietly.
-		if (cause == ECANCELED)
-			logger("tcp")->debug("{} closed: stopping", name_);
-		else
-			logger("tcp")->warn("{} failed: {}", name_,
-					    cause == ETIMEDOUT ? "no complete answer within the timeout"
-							       : std::strerror(cause));
-		drop();
-	}
+	// A failure ends the connection for all its paths (Link::fail), and nothing lands in a
+	// path's buffers once its complete() returned: nothing to do for this path alone.
+}
+
+void TcpDataPath::close_for_good()
+{
+	DataPathBase::close_for_good();
+	std::lock_guard lock(link_->mu);
+	link_->closed = true;
+	link_->fail(name_, ECANCELED);
 }
 
 void TcpDataPath::reset_batch()
 {
 	in_batch_ = false;
 	nsent_ = nanswered_ = 0;
-	beg_ = end_ = 0;
-	dst_ = nullptr;
-	rest_ = 0;
+	reply_err_ = 0;
 }
 
 int TcpDataPath::post(bool read, const SlabGrant &slab, uint64_t off, uint32_t len,
@@ -76,32 +222,45 @@ int TcpDataPath::post(bool read, const SlabGrant &slab, uint64_t off, uint32_t l
 		// The batch's clock starts at its first post: its sends and all its replies, and a
 		// reconnect if one is needed, are done by then or the batch fails.
 		in_batch_ = true;
-		deadline_ = deadline_after(timeout_);
+		deadline_ = deadline_after(link_->timeout);
 	}
-	if (int r = ensure_connected()) {
-		fail(r);
-		return EIO;
-	}
+	if (ensure_connected())
+		return latch(EIO);
+	Link &l = *link_;
 	const unsigned i = batch_size();
 	std::byte *msg = msgs_.data() + i * kMsgSize;
+	std::unique_lock lock(l.mu);
+	// One sender at a time: a message goes out whole.
+	if (!l.idle.wait_until(lock, deadline_, [&] { return !l.sending && !l.connecting; }))
+		return latch(EIO); // the sender in the way fails the connection at its deadline
+	if (!l.up || (nsent_ && gen_ != l.gen))
+		return latch(EIO); // the connection failed under this batch
+	gen_ = l.gen;
 	proto::Header h;
 	h.op = read ? proto::Op::Read : proto::Op::Write;
 	h.body_len = uint32_t(proto::kIoRequestSize + (read ? 0 : len));
-	h.request_id = next_id_++;
+	h.request_id = (++l.seq << kSlotBits) | slot_;
 	proto::encode_header(h, std::span<std::byte, proto::kHeaderSize>(msg, proto::kHeaderSize));
 	proto::encode(proto::IoRequest{slab.id, len, off},
 		      std::span<std::byte>(msg + proto::kHeaderSize, proto::kIoRequestSize));
-	if (i == 0)
-		first_id_ = h.request_id;
-	pending_[i] = Pending{const_cast<std::byte *>(local), len, false};
+	pending_[i] = Pending{h.request_id, const_cast<std::byte *>(local), len, read, false};
+	nsent_ = i + 1;
+	l.outstanding++;
 	queued();
+	l.sending = true;
+	const int fd = l.fd.get();
+	lock.unlock();
 	// Out at once (see the header): a request never waits for complete().
 	iovec iov[2] = {{msg, kMsgSize}, {const_cast<std::byte *>(local), len}};
-	if (int r = sendv_all_until(fd_.get(), iov, read ? 1 : 2, deadline_)) {
-		fail(r);
-		return EIO;
+	const int r = sendv_all_until(fd, iov, read ? 1 : 2, deadline_);
+	lock.lock();
+	l.sending = false;
+	l.idle.notify_all();
+	if (r) {
+		if (gen_ == l.gen)
+			l.fail(name_, r);
+		return latch(EIO);
 	}
-	nsent_ = i + 1;
 	return 0;
 }
 
@@ -118,58 +277,68 @@ int TcpDataPath::post_write(const SlabGrant &slab, uint64_t off, uint32_t len,
 
 bool TcpDataPath::parse()
 {
+	Link &l = *link_;
+	std::byte *const st = l.staging.get();
 	const char *why = nullptr;
-	const bool reads = batch_reads();
-	while (rest_ == 0 && end_ - beg_ >= proto::kHeaderSize) {
+	while (l.rest == 0 && l.end - l.beg >= proto::kHeaderSize) {
 		proto::Header h;
-		const auto st = proto::decode_header(
-			std::span<const std::byte, proto::kHeaderSize>(staging_.get() + beg_,
-								       proto::kHeaderSize),
+		const auto s = proto::decode_header(
+			std::span<const std::byte, proto::kHeaderSize>(st + l.beg, proto::kHeaderSize),
 			h);
-		if (!st.ok) {
-			why = st.error;
+		if (!s.ok) {
+			why = s.error;
 			break;
 		}
-		const uint64_t i = h.request_id - first_id_; // wraps for ids below the batch's
-		if (!h.is_response() || h.request_id < first_id_ || i >= nsent_) {
+		const uint64_t slot = h.request_id & ((1u << kSlotBits) - 1);
+		TcpDataPath *p = slot < kMaxSharing ? l.paths[slot] : nullptr;
+		unsigned i = kMaxBatch;
+		if (h.is_response() && p && p->gen_ == l.gen)
+			for (unsigned k = 0; k < p->nsent_; k++)
+				if (p->pending_[k].id == h.request_id)
+					i = k;
+		if (i == kMaxBatch) {
 			why = "a reply for a request not in flight";
 			break;
 		}
-		Pending &p = pending_[i];
-		if (p.answered) {
+		Pending &q = p->pending_[i];
+		if (q.answered) {
 			why = "a second reply for one request";
 			break;
 		}
-		if (h.op != (reads ? proto::Op::Read : proto::Op::Write)) {
+		if (h.op != (q.read ? proto::Op::Read : proto::Op::Write)) {
 			why = "a reply of the wrong op";
 			break;
 		}
-		beg_ += proto::kHeaderSize;
-		p.answered = true;
+		l.beg += proto::kHeaderSize;
+		q.answered = true;
 		if (h.status) {
 			// Refused by the server (decode_header checked it is an errno with no
-			// body): the batch fails with it, the stream stays in step.
-			latch(int(h.status));
-			nanswered_++;
+			// body): that batch fails with it, the stream stays in step.
+			if (!p->reply_err_)
+				p->reply_err_ = int(h.status);
+			l.answered(p, this);
 			continue;
 		}
-		if (h.body_len != (reads ? p.len : 0)) {
+		if (h.body_len != (q.read ? q.len : 0)) {
 			why = "a reply of the wrong length";
 			break;
 		}
-		const size_t have = std::min(end_ - beg_, size_t(h.body_len));
+		const size_t have = std::min(l.end - l.beg, size_t(h.body_len));
 		if (have)
-			std::memcpy(p.local, staging_.get() + beg_, have);
-		beg_ += have;
+			std::memcpy(q.local, st + l.beg, have);
+		l.beg += have;
 		if (have == h.body_len) {
-			nanswered_++;
+			l.answered(p, this);
 		} else {
-			dst_ = p.local + have; // the rest goes straight into the caller's buffer
-			rest_ = h.body_len - have;
+			l.dst = q.local + have; // the rest goes straight into that path's buffer
+			l.rest = h.body_len - have;
+			l.rest_path = p;
 		}
 	}
-	if (beg_ == end_)
-		beg_ = end_ = 0;
+	if (l.beg == l.end)
+		l.beg = l.end = 0;
+	if (!why && l.rest == 0 && l.end > l.beg && l.outstanding == 0)
+		why = "bytes after the last reply";
 	if (why) {
 		logger("tcp")->error("{}: malformed response: {}", name_, why);
 		return false;
@@ -177,58 +346,106 @@ bool TcpDataPath::parse()
 	return true;
 }
 
-void TcpDataPath::receive_replies()
+void TcpDataPath::read_for_all(std::unique_lock<std::mutex> &lock)
 {
+	Link &l = *link_;
+	const uint64_t g = l.gen;
+	l.reading = true;
+	l.read_gen = g;
+	std::byte *const st = l.staging.get();
 	bool first = true;
 	const auto spin = busy_poll() ? std::chrono::nanoseconds(kBusyPollSpin)
 				      : std::chrono::nanoseconds(0);
-	while (nanswered_ < nsent_) {
+	for (;;) {
 		if (!parse()) {
-			fail(EPROTO);
-			return;
+			l.fail(name_, EPROTO);
+			break;
 		}
 		if (nanswered_ == nsent_)
 			break;
 		iovec iov[2];
 		int n = 0;
-		if (rest_) {
-			iov[n++] = {dst_, rest_}; // the staging buffer is empty meanwhile
-		} else if (beg_) {
+		if (l.rest) {
+			iov[n++] = {l.dst, l.rest}; // the staging buffer is empty meanwhile
+		} else if (l.beg) {
 			// A reply's start at the end of the buffer: move it to the front.
-			std::memmove(staging_.get(), staging_.get() + beg_, end_ - beg_);
-			end_ -= beg_;
-			beg_ = 0;
+			std::memmove(st, st + l.beg, l.end - l.beg);
+			l.end -= l.beg;
+			l.beg = 0;
 		}
-		iov[n++] = {staging_.get() + end_, kStaging - end_};
-		size_t got = 0;
-		// Right after the send the answer cannot be there yet: wait before the first try.
-		if (int r = recv_some_until(fd_.get(), iov, n, deadline_, first, spin, got)) {
-			fail(r);
-			return;
-		}
+		iov[n++] = {st + l.end, kStaging - l.end};
+		const int fd = l.fd.get();
+		// Right after a send the answer cannot be there yet: wait before the first try.
+		const bool wait_first = first && l.end == 0 && l.rest == 0;
 		first = false;
-		if (rest_) {
-			const size_t k = std::min(got, rest_);
-			dst_ += k;
-			rest_ -= k;
-			got -= k;
-			if (rest_ == 0)
-				nanswered_++;
+		lock.unlock();
+		size_t got = 0;
+		const int r = recv_some_until(fd, iov, n, deadline_, wait_first, spin, got);
+		lock.lock();
+		if (l.gen != g)
+			break; // failed meanwhile (a path's deadline, a send): what came is void
+		if (r) {
+			l.fail(name_, r);
+			break;
 		}
-		end_ += got;
+		if (l.rest) {
+			const size_t k = std::min(got, l.rest);
+			l.dst += k;
+			l.rest -= k;
+			got -= k;
+			if (l.rest == 0) {
+				TcpDataPath *p = l.rest_path;
+				l.rest_path = nullptr;
+				l.dst = nullptr;
+				l.answered(p, this);
+			}
+		}
+		l.end += got;
 	}
-	if (end_ != beg_) {
-		logger("tcp")->error("{}: malformed response: bytes after the batch's last reply",
-				     name_);
-		fail(EPROTO);
-	}
+	l.reading = false;
+	l.idle.notify_all();
+	if (l.gen != g)
+		return; // fail() woke every path
+	// Hand the reading on to a path that waits for its replies.
+	for (TcpDataPath *p : l.paths)
+		if (p && p != this && p->waiting_ && p->gen_ == g && p->nanswered_ < p->nsent_) {
+			p->cv_.notify_one();
+			break;
+		}
 }
 
 int TcpDataPath::complete()
 {
-	if (fd_ && nanswered_ < nsent_)
-		receive_replies();
-	reset_batch();
+	if (nsent_) {
+		Link &l = *link_;
+		std::unique_lock lock(l.mu);
+		for (;;) {
+			if (gen_ != l.gen) {
+				// The connection failed under the batch. Its reader may still be
+				// receiving into our buffers: not before it stopped.
+				l.idle.wait(lock, [&] { return !l.reading || l.read_gen != gen_; });
+				latch(EIO);
+				break;
+			}
+			if (nanswered_ == nsent_)
+				break;
+			if (!l.reading) {
+				read_for_all(lock);
+				continue;
+			}
+			waiting_ = true;
+			const auto st = cv_.wait_until(lock, deadline_);
+			waiting_ = false;
+			if (st == std::cv_status::timeout && gen_ == l.gen && nanswered_ < nsent_ &&
+			    Clock::now() >= deadline_)
+				l.fail(name_, ETIMEDOUT);
+		}
+		if (reply_err_)
+			latch(reply_err_);
+		reset_batch();
+	} else {
+		in_batch_ = false; // (nothing registered: nothing the reader looks at changes)
+	}
 	return end_batch();
 }
 

@@ -1,15 +1,17 @@
 // SPDX-License-Identifier: MIT
 // DataPath over a TCP connection: READ/WRITE messages that the memserver's CPU serves, several
-// in flight, answered in any order.
+// in flight, answered in any order; several paths (threads) may share one connection.
 #pragma once
 
 #include <sys/uio.h>
 
 #include <array>
-#include <climits>
 #include <atomic>
 #include <chrono>
+#include <climits>
+#include <condition_variable>
 #include <memory>
+#include <mutex>
 #include <span>
 
 #include "common/auth.h"
@@ -24,20 +26,35 @@ namespace rdmaswap {
 // and drops the connection (the stream is out of step); a stop request (request_stop()) ends
 // it at once. No allocation after construction.
 //
-// Sends: every post goes out at once (one sendmsg of its header, body and WRITE payload). Not
-// gathered until complete(): Volume completes its paths one after another, so a request held
-// back on one memserver's path would wait for another memserver's answers first (a hung
-// replica's whole timeout, which then leaves it no time of its own: test-reattach-stale).
+// Sharing: a path made with the sharing constructor uses the connection of the path it was
+// made from (up to kMaxSharing paths per connection). Each path keeps its own batch and is
+// used by one thread at a time as any DataPath; the paths of one connection are used by
+// different threads at once, their requests in flight together. Everything the paths of a
+// connection share (the socket, the reply stream, reconnecting) is under the connection's
+// mutex, never held across a network wait.
 //
-// Replies: each request has its own request id; replies may come in any order and are matched
-// by id. They are received into a staging buffer (kStaging bytes) with as few recvmsg calls as
-// the peer's pace allows: one typically brings the header and payload of one or several
-// replies. Payload bytes found in the staging buffer are copied out; the rest of a payload is
-// received straight into the caller's buffer (with the staging buffer as a second iovec for
-// what follows it). A reply for an id not in flight, a second reply for one, a reply with the
-// wrong op or length, or bytes after the batch's last reply are a protocol error: the batch
-// fails with EIO, the connection is dropped, and that is logged. A reply with an error status
-// fails the batch with that errno but keeps the stream in step (the connection stays).
+// Sends: every post goes out at once (one sendmsg of its header, body and WRITE payload),
+// whole, under the connection's send lock (taken by the batch's deadline). Not gathered
+// until complete(): Volume completes its paths one after another, so a request held back on
+// one memserver's path would wait for another memserver's answers first.
+//
+// Replies: each request has its own request id (naming its path); replies may come in any
+// order and are matched by id. Whichever thread of the connection waits in complete() first
+// receives for all of them (the reader), until its own batch is done; then it wakes another
+// waiting thread to read on. Replies are received into a staging buffer (kStaging bytes) with
+// as few recvmsg calls as the peer's pace allows; payload bytes found there are copied out;
+// the rest of a payload is received straight into the buffer of the path it belongs to. A
+// path is woken when its batch is done. A reply for an id not in flight, a second reply for
+// one, a reply with the wrong op or length, or bytes when nothing is in flight are a protocol
+// error: the connection is dropped and every batch in flight on it fails with EIO, and that is
+// logged. A reply with an error status fails its batch with that errno but keeps the stream
+// in step (the connection stays).
+//
+// Failures: a batch not done by its deadline, a failed send or receive, a protocol error or a
+// stop request drop the connection for all its paths (the stream is out of step), and every
+// batch in flight on it fails with EIO. No thread returns from complete() while the reader may
+// still write into its buffers. The next post on any of its paths reconnects (with that
+// path's backoff), fencing the old connection.
 //
 // Waiting for replies: poll at once after the send (the answer cannot be there yet), or with
 // busy_poll() spin with non-blocking recvmsg for kBusyPollSpin first.
@@ -50,68 +67,71 @@ public:
 		    uint64_t token,
 		    std::chrono::milliseconds timeout, std::span<std::byte> region,
 		    std::shared_ptr<std::atomic<bool>> session_lost);
+	// A path on the connection of `with` (same memserver, session, timeout and region).
+	// Setup only. Throws std::runtime_error when `with`'s connection has kMaxSharing paths.
+	explicit TcpDataPath(TcpDataPath &with);
+	~TcpDataPath() override;
 
 	int post_read(const SlabGrant &slab, uint64_t off, uint32_t len, std::byte *local) override;
 	int post_write(const SlabGrant &slab, uint64_t off, uint32_t len,
 		       const std::byte *local) override;
 	int complete() override;
+	// Ends the connection for good, for all its paths.
+	void close_for_good() override;
 
-	// Size of the reply staging buffer.
+	// Size of the reply staging buffer (one per connection).
 	static constexpr size_t kStaging = 64 * 1024;
+	// Most paths on one connection. With Volume's at most kMaxPieces (8) requests per batch,
+	// 4 paths keep a connection within the 32 replies a memserver queues per connection
+	// before it stops reading it (memserver/conn.h, kTxSlots): so a thread sending never
+	// waits for replies that nobody reads.
+	static constexpr unsigned kMaxSharing = 4;
 
 private:
+	struct Link;
 	static constexpr size_t kMsgSize = proto::kHeaderSize + proto::kIoRequestSize;
 	static_assert(2 * kMaxBatch <= IOV_MAX);
 
 	struct Pending {
+		uint64_t id = 0;
 		std::byte *local = nullptr;
 		uint32_t len = 0;
+		bool read = false;
 		bool answered = false; // its reply's header was seen
 	};
 
-	bool connected() const override { return bool(fd_); }
+	bool connected() const override;
 	int reconnect() override;
-	void disconnect() override { fd_.reset(); }
+	void disconnect() override;
 
 	int post(bool read, const SlabGrant &slab, uint64_t off, uint32_t len,
 		 const std::byte *local);
-	// Reads the replies of the nsent_ requests on the wire; on a failure, fail()s.
-	void receive_replies();
-	// Consumes the complete replies (and a payload's start) in the staging buffer. False
-	// after a protocol error (logged).
+	// With the link's mutex held (`lock`), being the reader: receive until this batch is done
+	// or the connection fails.
+	void read_for_all(std::unique_lock<std::mutex> &lock);
+	// The reader, under the link's mutex: consumes the complete replies (and a payload's
+	// start) in the staging buffer, for whichever path they belong to. False after a
+	// protocol error (logged).
 	bool parse();
-	// The batch fails (EIO); `cause` (an errno) is logged, and the connection dropped.
-	void fail(int cause);
-	// Forget the batch's wire state (sent, staged and partial replies).
+	// Forget the batch's wire state.
 	void reset_batch();
 
-	const SockAddr addr_;
-	const std::shared_ptr<const AuthKey> key_;
-	const uint64_t session_id_;
-	const uint64_t token_;
-	const std::chrono::milliseconds timeout_;
+	const std::shared_ptr<Link> link_;
+	unsigned slot_ = 0; // this path's index on the link (in every request id)
 
-	Fd fd_;
-	uint64_t next_id_ = 1;
-	uint64_t conn_id_ = 0; // the server's id for our connection: a reconnect fences it
 	bool in_batch_ = false; // a post was made since the last complete()
-	Deadline deadline_{};   // the current batch's: its first post + timeout_
+	Deadline deadline_{};   // the current batch's: its first post + the timeout
 
-	// The batch: request i has id first_id_ + i.
+	// The batch, under the link's mutex once a request of it is registered.
 	std::array<Pending, kMaxBatch> pending_{};
-	uint64_t first_id_ = 0;
-	unsigned nsent_ = 0;     // requests on the wire (the first nsent_ of the batch)
+	uint64_t gen_ = 0;       // the link's generation the batch's requests went out on
+	unsigned nsent_ = 0;     // requests registered (and sent, or the link failed)
 	unsigned nanswered_ = 0; // replies received whole
+	int reply_err_ = 0;      // the first error status a reply of the batch had
+	bool waiting_ = false;   // in complete(), not the reader
+	std::condition_variable cv_; // its batch is done, its link failed, or it may read now
 	// Headers and fixed bodies of the batch's requests.
 	std::array<std::byte, kMaxBatch * kMsgSize> msgs_{};
-
-	// Reply staging: bytes [beg_, end_) are received and not yet consumed. While a payload
-	// is partly received (rest_ > 0: `rest_` bytes still due at `dst_`), the staging buffer
-	// is empty.
-	std::unique_ptr<std::byte[]> staging_;
-	size_t beg_ = 0, end_ = 0;
-	std::byte *dst_ = nullptr;
-	size_t rest_ = 0;
 };
 
 } // namespace rdmaswap
