@@ -59,7 +59,7 @@ struct TcpDataPath::Link {
 	unsigned outstanding = 0; // requests of this generation registered and not answered
 
 	// Reply staging: bytes [beg, end) are received and not yet consumed. While a payload is
-	// partly received (rest > 0: `rest` bytes due at `dst`, request `rest_i` of
+	// partly received (rest > 0: `rest` bytes due at `dst`, in the buffer of a request of
 	// `rest_path`), the staging buffer is empty.
 	std::unique_ptr<std::byte[]> staging;
 	size_t beg = 0, end = 0;
