@@ -764,3 +764,45 @@ TEST_CASE("TcpDataPath: a batch timing out on a shared connection fails every ba
 	CHECK(t.holds(0, 4096, 4096));
 	CHECK(t.holds(65536, 12288, 4096));
 }
+
+TEST_CASE("TcpDataPath: a payload half-received by one path's reader is finished by the path "
+	  "it belongs to",
+	  "[tcp][tcpshare]")
+{
+	// The reader's own batch ends with another path's reply only partly in: the reading
+	// passes to that waiting path, which receives the rest into its own buffer.
+	set_log_level("off");
+	Harness t(3s);
+	TcpDataPath other(*t.path);
+	constexpr uint32_t kBig = 128 * 1024; // more than the staging buffer
+	REQUIRE(t.path->post_read(t.slab, 0, 4096, t.at(0)) == 0);
+	REQUIRE(other.post_read(t.slab, 65536, kBig, t.at(1 << 20)) == 0);
+	std::vector<Request> rq;
+	REQUIRE(FakeMemserver::read_requests(t.conn.get(), 2, rq));
+	const Request &small = rq[0].io.length == 4096 ? rq[0] : rq[1];
+	const Request &big = rq[0].io.length == 4096 ? rq[1] : rq[0];
+	int r_first = -1, r_other = -1;
+	double other_ms = 0;
+	std::thread first([&] { r_first = t.path->complete(); }); // the reader
+	std::this_thread::sleep_for(100ms);
+	std::thread second([&] {
+		const auto start = Clock::now();
+		r_other = other.complete(); // waits: the first one reads
+		other_ms = ms_since(start);
+	});
+	std::this_thread::sleep_for(100ms);
+	// The small reply whole and 10 KiB of the big one, then the rest after 200 ms.
+	std::vector<std::byte> out = t.srv.answer(small);
+	const auto b = t.srv.answer(big);
+	out.insert(out.end(), b.begin(), b.begin() + 10240);
+	REQUIRE(send_bytes(t.conn.get(), out));
+	first.join();
+	std::this_thread::sleep_for(200ms);
+	REQUIRE(send_bytes(t.conn.get(), std::span(b).subspan(10240)));
+	second.join();
+	CHECK(r_first == 0);
+	CHECK(r_other == 0);
+	CHECK(other_ms < 1500); // not the 3 s timeout
+	CHECK(t.holds(0, 0, 4096));
+	CHECK(t.holds(1 << 20, 65536, kBig));
+}
