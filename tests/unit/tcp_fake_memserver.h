@@ -27,6 +27,7 @@
 #include "common/protocol.h"
 #include "common/tcp/socket.h"
 #include "common/tcp/tcp_data_path.h"
+#include "loopback.h"
 #include "test_clock.h"
 #include <catch2/catch.hpp>
 
@@ -77,14 +78,8 @@ public:
 	{
 		for (uint64_t i = 0; i < kSlabLen; i++)
 			slab[i] = pattern(i);
-		ls_.reset(::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0));
-		sockaddr_in a{};
-		a.sin_family = AF_INET;
-		a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-		REQUIRE(::bind(ls_.get(), reinterpret_cast<sockaddr *>(&a), sizeof a) == 0);
-		REQUIRE(::listen(ls_.get(), 8) == 0);
-		socklen_t len = sizeof a;
-		REQUIRE(::getsockname(ls_.get(), reinterpret_cast<sockaddr *>(&a), &len) == 0);
+		sockaddr_in a;
+		ls_ = listen_loopback(a);
 		std::memcpy(&addr.ss, &a, sizeof a);
 		addr.len = sizeof a;
 	}

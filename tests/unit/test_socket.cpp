@@ -22,6 +22,7 @@
 #include "common/remote_server.h"
 #include "common/tcp/rpc.h"
 #include "common/tcp/socket.h"
+#include "loopback.h"
 #include "test_clock.h"
 
 using namespace rdmaswap;
@@ -227,14 +228,8 @@ class SilentMemserver {
 public:
 	SilentMemserver()
 	{
-		ls_.reset(::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0));
-		sockaddr_in a{};
-		a.sin_family = AF_INET;
-		a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-		REQUIRE(::bind(ls_.get(), reinterpret_cast<sockaddr *>(&a), sizeof a) == 0);
-		REQUIRE(::listen(ls_.get(), 8) == 0);
-		socklen_t len = sizeof a;
-		REQUIRE(::getsockname(ls_.get(), reinterpret_cast<sockaddr *>(&a), &len) == 0);
+		sockaddr_in a;
+		ls_ = test::listen_loopback(a);
 		port_ = ntohs(a.sin_port);
 		thread_ = std::thread([this] { serve(); });
 	}
