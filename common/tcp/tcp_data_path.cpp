@@ -94,7 +94,8 @@ struct TcpDataPath::Link {
 		idle.notify_all();
 	}
 
-	// Request `p`'s reply `i` is in whole.
+	// The reader (under mu) received one of `p`'s replies whole; wakes `p` when that ends its
+	// batch (the reader's own batch needs no waking).
 	void answered(TcpDataPath *p, TcpDataPath *reader)
 	{
 		p->nanswered_++;
@@ -293,7 +294,7 @@ bool TcpDataPath::parse()
 		TcpDataPath *p = slot < kMaxSharing ? l.paths[slot] : nullptr;
 		unsigned i = kMaxBatch;
 		if (h.is_response() && p && p->gen_ == l.gen)
-			for (unsigned k = 0; k < p->nsent_; k++)
+			for (unsigned k = 0; k < p->nsent_ && i == kMaxBatch; k++)
 				if (p->pending_[k].id == h.request_id)
 					i = k;
 		if (i == kMaxBatch) {
