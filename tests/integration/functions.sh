@@ -122,6 +122,10 @@ log()  { echo "$(basename "$0"): $*" >&2; }
 # Register a pid to be killed on exit.
 cleanup_pid() { _cleanup_pids+=("$1"); }
 
+# sigstop PID: SIGSTOP, and wait until all of PID's threads have stopped (kill returns before
+# they have; see sigstop.py). Fails the test if they have not within 5 s.
+sigstop() { "$PYTHON" "$(dirname "${BASH_SOURCE[0]}")/sigstop.py" "$1" || fail "SIGSTOP of pid $1"; }
+
 # requires CMD [ARGS...]: skip the test unless CMD runs successfully.
 requires() {
     "$@" >/dev/null 2>&1 || skip "prerequisite failed: $*"

@@ -93,7 +93,7 @@ curl -sN --max-time 60 -X POST "${ETCD_CLIENT_URLS[0]}/v3/watch" \
 witness=$!
 cleanup_pid "$witness"
 wait_until 10 "the witness watch created" grep -q '"created":true' "$tmpdir/witness.json"
-kill -STOP "${ETCD_PIDS[0]}"
+sigstop "${ETCD_PIDS[0]}"
 # filler N PARALLEL: N puts of one key outside the donors through members 1 and 2 (the JSON
 # gateway, keep-alive connections), PARALLEL at a time.
 filler() {

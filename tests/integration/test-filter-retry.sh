@@ -18,13 +18,15 @@ start_nbdkit retry --filter=retry -- server="$MEMSERVER_ADDR" size=16M timeout=2
 export memserver_pid="$MEMSERVER_PID"
 NBDSH_TIMEOUT=60 nbdsh_run -u "$NBDKIT_URI" -c - <<'PY'
 import os, signal, sys, threading, time
+sys.path.insert(0, os.environ["RDMASWAP_SOURCE"] + "/tests/integration")
+import sigstop
 slab = 1 << 20
 pid = int(os.environ["memserver_pid"])
 data = os.urandom(2 * slab)
 h.pwrite(data, 0)
 h.flush()
 
-os.kill(pid, signal.SIGSTOP)
+sigstop.stop(pid)
 # Resume the memserver after 4 s: longer than timeout=2, shorter than the retry budget (6 x 1 s
 # plus the reconnects).
 timer = threading.Timer(4.0, lambda: os.kill(pid, signal.SIGCONT))
@@ -42,7 +44,7 @@ print("read during a 4 s stall completed after %.1f s" % took)
 if took < 3:
     sys.exit("the read did not wait for the stall (%.1f s): was the memserver stopped?" % took)
 
-os.kill(pid, signal.SIGSTOP)
+sigstop.stop(pid)
 timer = threading.Timer(4.0, lambda: os.kill(pid, signal.SIGCONT))
 timer.start()
 new = os.urandom(128 * 1024)

@@ -16,27 +16,16 @@ start_nbdkit stopped -- server="$MEMSERVER_ADDR" size=16M timeout=3
 export memserver_pid="$MEMSERVER_PID"
 NBDSH_TIMEOUT=55 nbdsh_run -u "$NBDKIT_URI" -c - <<'PY'
 import errno, os, signal, sys, time
+sys.path.insert(0, os.environ["RDMASWAP_SOURCE"] + "/tests/integration")
+import sigstop
 slab = 1 << 20
 pid = int(os.environ["memserver_pid"])
 data = os.urandom(4 * slab)
 h.pwrite(data, 0)
 h.flush()
 
-def all_stopped():
-    for tid in os.listdir("/proc/%d/task" % pid):
-        with open("/proc/%d/task/%s/stat" % (pid, tid)) as f:
-            if f.read().rsplit(")", 1)[1].split()[0] != "T":
-                return False
-    return True
-
-os.kill(pid, signal.SIGSTOP)
 try:
-    # kill() returns before every thread has stopped: wait until they all have.
-    deadline = time.monotonic() + 5
-    while not all_stopped():
-        if time.monotonic() > deadline:
-            sys.exit("memserver threads did not stop within 5 s of SIGSTOP")
-        time.sleep(0.01)
+    sigstop.stop(pid)
     def must_fail(what, fn):
         t = time.monotonic()
         try:

@@ -69,7 +69,7 @@ stale)
 	# Placement decides how many chunks have a replica on the victim (about a third of 96).
 	on_victim=$(used_total "${ports[$victim]}")
 	[ "$on_victim" -gt 0 ] || fail "placement put no replica on the donor to hang"
-	kill -STOP "${pids[$victim]}"
+	sigstop "${pids[$victim]}"
 	log "donor on port ${ports[$victim]} hung (SIGSTOP); rewriting everything"
 	seed=8
 	timeout 90 fio --name=rewrite --do_verify=0 "${fio_args[@]}" \

@@ -33,7 +33,7 @@ for p in "${ports[@]}"; do total=$((total + $(ctl_get "$p" slabs_used))); done
 
 victim=1
 if [ "$how" = stop ]; then
-	kill -STOP "${pids[$victim]}"
+	sigstop "${pids[$victim]}"
 	log "memserver on port ${ports[$victim]} stopped (SIGSTOP)"
 else
 	kill -KILL "${pids[$victim]}"
