@@ -999,7 +999,9 @@ TEST_CASE("volume: give-back moves wanted slabs to other donors while I/O goes o
 		}
 	});
 	bs[0]->want_all();
-	const bool moved = eventually([&] { return bs[0]->live_slabs() == 0; });
+	// (A move gives the old slab back first and counts itself after: wait for both.)
+	const bool moved = eventually(
+		[&] { return bs[0]->live_slabs() == 0 && v->stats().migrated >= on_a; });
 	stop = true;
 	writer.join();
 	CHECK(moved);
@@ -1047,6 +1049,7 @@ TEST_CASE("volume: give-back with nowhere to move keeps the slabs and their data
 	bs[1]->alloc_error = 0;
 	CHECK(eventually([&] { return bs[0]->live_slabs() == 0; }));
 	CHECK(eventually([&] { return v->stats().migrate_pending == 0; }));
+	CHECK(eventually([&] { return v->stats().migrated >= 8; }));
 	CHECK(v->stats().migrated == 8);
 	CHECK(compare_all(*v, shadow) == -1);
 	check_no_violations(bs);
@@ -1126,6 +1129,8 @@ TEST_CASE("volume: give-back passes over a donor that turns out full", "[volume]
 	}));
 	CHECK(max_pending == 0);
 	CHECK(bs[2]->live_slabs() == 16);
+	// (A move gives the old slab back first and counts itself after.)
+	CHECK(eventually([&] { return v->stats().migrated >= 16; }));
 	CHECK(v->stats().migrated == 16);
 	CHECK(compare_all(*v, shadow) == -1);
 	check_no_violations(bs);
@@ -1145,6 +1150,7 @@ TEST_CASE("volume: slabs moved by a give-back carry their epoch: a restart reatt
 		REQUIRE(moved > 0);
 		bs[0]->want_all();
 		REQUIRE(eventually([&] { return bs[0]->live_slabs() == 0; }));
+		CHECK(eventually([&] { return v->stats().migrated >= moved; }));
 		CHECK(v->stats().migrated == moved);
 		// No copy is left tagged with epoch 0 (incomplete) on the new donors.
 		for (size_t k : {size_t(1), size_t(2)}) {
@@ -1311,7 +1317,8 @@ TEST_CASE("volume: donors added while writers run get new slabs; retired ones ge
 	CHECK_THROWS_AS(v->add_server(std::make_unique<FakeServer>(backend("e", 64))),
 			std::runtime_error);
 	v->donor_restarted(2);
-	CHECK(eventually([&] { return v->stats().degraded == 0; }));
+	// (A repair's copy is counted after it switched over: wait for the count too.)
+	CHECK(eventually([&] { return v->stats().degraded == 0 && v->stats().repaired >= 16; }));
 	stop = true;
 	writer.join();
 	CHECK(write_errors == 0);
