@@ -348,7 +348,8 @@ std::unique_ptr<DataPath> RemoteServer::open_data_path(std::span<std::byte> regi
 						  control_->token(), control_->attach_key(),
 						  opts_.timeout, region, lost_);
 	return std::make_unique<TcpDataPath>(addr_, opts_.auth_key, control_->session_id(),
-					     control_->token(), opts_.timeout, region, lost_);
+					     control_->token(), opts_.timeout, region, lost_,
+					     tcp_session_);
 }
 
 unsigned RemoteServer::path_sharing() const

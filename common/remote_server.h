@@ -12,6 +12,7 @@
 
 #include "common/config.h"
 #include "common/tcp/rpc.h"
+#include "common/tcp/tcp_data_path.h"
 #include "common/transport.h"
 
 namespace rdmaswap {
@@ -107,6 +108,8 @@ private:
 	// does not know yet: reconcile() must not give them back.
 	bool adopting_ = false;
 	std::shared_ptr<std::atomic<bool>> lost_ = std::make_shared<std::atomic<bool>>(false);
+	// TCP: the session's data connections, which fence each other (tcp_data_path.h).
+	const std::shared_ptr<TcpSession> tcp_session_ = make_tcp_session();
 	// A floor was (or may have been) recorded here, or kept from an earlier run: the session
 	// holds something of the volume even without a slab (under mu_).
 	bool floors_ = false;

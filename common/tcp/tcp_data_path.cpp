@@ -24,14 +24,29 @@ constexpr unsigned kSlotBits = 8;
 static_assert(TcpDataPath::kMaxSharing <= (1u << kSlotBits));
 } // namespace
 
+// Every data connection of one memserver session, so that a write can fence the others first
+// (TcpDataPath, "Fencing"). `links` grows only at setup (a path made on a new connection);
+// `unfenced` counts the connections that failed with a WRITE unanswered and were not
+// reconnected since (changed under the connection's own mutex).
+struct TcpSession {
+	std::mutex mu;
+	std::vector<std::weak_ptr<TcpDataPath::Link>> links; // under mu
+	std::atomic<unsigned> unfenced{0};
+};
+
+std::shared_ptr<TcpSession> make_tcp_session()
+{
+	return std::make_shared<TcpSession>();
+}
+
 // What the paths of one connection share. Everything here is under `mu`; `fd` is used outside
 // it only by the one sender (`sending`) and the one reader (`reading`), and replaced only when
 // there is neither (reconnect). `dst` is written outside it by the reader only.
 struct TcpDataPath::Link {
 	Link(const SockAddr &a, std::shared_ptr<const AuthKey> k, uint64_t sid, uint64_t tok,
-	     std::chrono::milliseconds t)
+	     std::chrono::milliseconds t, std::shared_ptr<TcpSession> s)
 		: addr(a), key(std::move(k)), session_id(sid), token(tok), timeout(t),
-		  staging(std::make_unique<std::byte[]>(kStaging))
+		  session(std::move(s)), staging(std::make_unique<std::byte[]>(kStaging))
 	{
 	}
 
@@ -40,6 +55,7 @@ struct TcpDataPath::Link {
 	const uint64_t session_id;
 	const uint64_t token;
 	const std::chrono::milliseconds timeout;
+	const std::shared_ptr<TcpSession> session;
 
 	std::mutex mu;
 	Fd fd;
@@ -57,6 +73,10 @@ struct TcpDataPath::Link {
 	std::array<TcpDataPath *, kMaxSharing> paths{};
 	uint64_t seq = 0;         // the last request's sequence number
 	unsigned outstanding = 0; // requests of this generation registered and not answered
+	unsigned writes_out = 0;  // ... of them WRITEs
+	// Failed with a WRITE unanswered, not reconnected since: counted in session->unfenced.
+	bool unfenced = false;
+	uint64_t fence_tried = 0; // the failed generation complete() last tried to fence at once
 
 	// Reply staging: bytes [beg, end) are received and not yet consumed. While a payload is
 	// partly received (rest > 0: `rest` bytes due at `dst`, in the buffer of a request of
@@ -69,6 +89,7 @@ struct TcpDataPath::Link {
 
 	// The connection fails: every batch on it fails (EIO), the socket is shut down (which
 	// ends a reader's or sender's wait; it is closed when replaced), and `cause` is logged.
+	// With a WRITE unanswered it is unfenced until a reconnect.
 	void fail(const std::string &name, int cause)
 	{
 		if (!up)
@@ -76,14 +97,20 @@ struct TcpDataPath::Link {
 		if (cause == ECANCELED) // a stop request is no failure of the memserver
 			logger("tcp")->debug("{} closed: stopping", name);
 		else
-			logger("tcp")->warn("{} failed: {}", name,
+			logger("tcp")->warn("{} failed: {}{}", name,
 					    cause == ETIMEDOUT ? "no complete answer within the timeout"
-							       : std::strerror(cause));
+							       : std::strerror(cause),
+					    writes_out ? " (with writes in flight: fencing it)" : "");
 		up = false;
 		gen++;
 		backoff.failed(Backoff::clock::now());
 		::shutdown(fd.get(), SHUT_RDWR);
+		if (writes_out && !unfenced && !closed) {
+			unfenced = true;
+			session->unfenced.fetch_add(1);
+		}
 		outstanding = 0;
+		writes_out = 0;
 		beg = end = 0;
 		dst = nullptr;
 		rest = 0;
@@ -96,20 +123,68 @@ struct TcpDataPath::Link {
 
 	// The reader (under mu) received one of `p`'s replies whole; wakes `p` when that ends its
 	// batch (the reader's own batch needs no waking).
-	void answered(TcpDataPath *p, TcpDataPath *reader)
+	void answered(TcpDataPath *p, TcpDataPath *reader, bool write)
 	{
 		p->nanswered_++;
 		outstanding--;
+		writes_out -= write;
 		if (p != reader && p->nanswered_ == p->nsent_)
 			p->cv_.notify_one();
+	}
+
+	// Connect again and rejoin the session by `until`, fencing the connection this one
+	// replaces (the memserver applies nothing more from it). Another path at it meanwhile:
+	// its outcome serves. `eager`: ignore the backoff (a write batch's fence right after the
+	// failure). 0, or ETIMEDOUT, ECANCELED (closed for good), EAGAIN (backoff), or the
+	// handshake's errno (ENOENT: the session is gone), logged by the caller.
+	int reconnect(Clock::time_point until, bool eager)
+	{
+		std::unique_lock lock(mu);
+		if (!idle.wait_until(lock, until, [&] { return !connecting; }))
+			return ETIMEDOUT;
+		if (up)
+			return 0;
+		if (closed)
+			return ECANCELED;
+		if (!eager && !backoff.may_try(Backoff::clock::now()))
+			return EAGAIN; // another path's attempt failed a moment ago
+		// The old socket is shut down: whoever still sends or reads on it stops at once.
+		if (!idle.wait_until(lock, until, [&] { return !sending && !reading; }))
+			return ETIMEDOUT;
+		connecting = true;
+		const uint64_t replaces = conn_id;
+		lock.unlock();
+		int err = 0;
+		uint64_t id = 0;
+		Fd nfd = join_session(addr, until, key.get(), session_id, token, false, replaces, id,
+				      err);
+		lock.lock();
+		connecting = false;
+		if (nfd) {
+			fd = std::move(nfd);
+			conn_id = id;
+			up = true;
+			gen++;
+			backoff.succeeded();
+			if (unfenced) {
+				unfenced = false;
+				session->unfenced.fetch_sub(1);
+			}
+		} else {
+			backoff.failed(Backoff::clock::now());
+		}
+		idle.notify_all();
+		return up ? 0 : (err ? err : EIO);
 	}
 };
 
 TcpDataPath::TcpDataPath(const SockAddr &addr, std::shared_ptr<const AuthKey> key,
 			 uint64_t session_id, uint64_t token, std::chrono::milliseconds timeout,
-			 std::span<std::byte> region, std::shared_ptr<std::atomic<bool>> session_lost)
+			 std::span<std::byte> region, std::shared_ptr<std::atomic<bool>> session_lost,
+			 std::shared_ptr<TcpSession> session)
 	: DataPathBase("tcp", "data connection to " + addr.str(), region, std::move(session_lost)),
-	  link_(std::make_shared<Link>(addr, std::move(key), session_id, token, timeout))
+	  link_(std::make_shared<Link>(addr, std::move(key), session_id, token, timeout,
+				       session ? std::move(session) : make_tcp_session()))
 {
 	Link &l = *link_;
 	int err = 0;
@@ -120,6 +195,10 @@ TcpDataPath::TcpDataPath(const SockAddr &addr, std::shared_ptr<const AuthKey> ke
 					 connect_error_text(err));
 	l.up = true;
 	l.paths[0] = this;
+	TcpSession &s = *l.session;
+	std::lock_guard lock(s.mu);
+	std::erase_if(s.links, [](const std::weak_ptr<Link> &w) { return w.expired(); });
+	s.links.push_back(link_);
 }
 
 TcpDataPath::TcpDataPath(TcpDataPath &with)
@@ -150,47 +229,40 @@ bool TcpDataPath::connected() const
 
 int TcpDataPath::reconnect()
 {
-	Link &l = *link_;
-	std::unique_lock lock(l.mu);
-	// Another path of the connection may be at it: its outcome serves this one too.
-	if (!l.idle.wait_until(lock, deadline_, [&] { return !l.connecting; }))
-		return ETIMEDOUT;
-	if (l.up)
-		return 0;
-	if (l.closed)
-		return ECANCELED;
-	if (!l.backoff.may_try(Backoff::clock::now()))
-		return EAGAIN; // another path's attempt failed a moment ago
-	// The old socket is shut down: whoever still sends or reads on it stops at once.
-	if (!l.idle.wait_until(lock, deadline_, [&] { return !l.sending && !l.reading; }))
-		return ETIMEDOUT;
-	l.connecting = true;
-	const uint64_t replaces = l.conn_id;
-	lock.unlock();
-	// Fence the old connection: a write it still had in flight must not land after ours. The
-	// handshake counts against the batch's deadline.
-	int err = 0;
-	uint64_t conn_id = 0;
-	Fd fd = join_session(l.addr, deadline_, l.key.get(), l.session_id, l.token, false, replaces,
-			     conn_id, err);
-	lock.lock();
-	l.connecting = false;
-	if (fd) {
-		l.fd = std::move(fd);
-		l.conn_id = conn_id;
-		l.up = true;
-		l.gen++;
-		l.backoff.succeeded();
-	} else {
-		l.backoff.failed(Backoff::clock::now());
-	}
-	l.idle.notify_all();
-	if (l.up)
-		return 0;
-	lock.unlock();
-	if (err != ENOENT && err != ECANCELED)
+	const int err = link_->reconnect(deadline_, false);
+	if (err && err != ENOENT && err != ECANCELED && err != EAGAIN)
 		logger("tcp")->warn("{}: reconnect failed: {}", name_, connect_error_text(err));
-	return err ? err : EIO;
+	return err;
+}
+
+int TcpDataPath::fence_session()
+{
+	TcpSession &s = *link_->session;
+	for (size_t i = 0; s.unfenced.load(); i++) {
+		std::shared_ptr<Link> k;
+		{
+			std::lock_guard lock(s.mu);
+			if (i >= s.links.size())
+				break;
+			k = s.links[i].lock();
+		}
+		if (!k)
+			continue;
+		bool unfenced;
+		{
+			std::lock_guard lock(k->mu);
+			unfenced = k->unfenced;
+		}
+		if (!unfenced)
+			continue;
+		if (int err = k->reconnect(deadline_, false)) {
+			logger("tcp")->debug("{}: a write waits for another connection of the session "
+					     "to be fenced, which failed: {}",
+					     name_, connect_error_text(err));
+			return EIO;
+		}
+	}
+	return 0;
 }
 
 void TcpDataPath::disconnect()
@@ -227,6 +299,9 @@ int TcpDataPath::post(bool read, const SlabGrant &slab, uint64_t off, uint32_t l
 	}
 	if (ensure_connected())
 		return latch(EIO);
+	// No write goes out while another connection of the session may still apply an older one.
+	if (!read && link_->session->unfenced.load() && fence_session())
+		return latch(EIO);
 	Link &l = *link_;
 	const unsigned i = batch_size();
 	std::byte *msg = msgs_.data() + i * kMsgSize;
@@ -247,6 +322,7 @@ int TcpDataPath::post(bool read, const SlabGrant &slab, uint64_t off, uint32_t l
 	pending_[i] = Pending{h.request_id, const_cast<std::byte *>(local), len, read, false};
 	nsent_ = i + 1;
 	l.outstanding++;
+	l.writes_out += !read;
 	queued();
 	l.sending = true;
 	const int fd = l.fd.get();
@@ -317,7 +393,7 @@ bool TcpDataPath::parse()
 			// body): that batch fails with it, the stream stays in step.
 			if (!p->reply_err_)
 				p->reply_err_ = int(h.status);
-			l.answered(p, this);
+			l.answered(p, this, !q.read);
 			continue;
 		}
 		if (h.body_len != (q.read ? q.len : 0)) {
@@ -329,7 +405,7 @@ bool TcpDataPath::parse()
 			std::memcpy(q.local, st + l.beg, have);
 		l.beg += have;
 		if (have == h.body_len) {
-			l.answered(p, this);
+			l.answered(p, this, !q.read);
 		} else {
 			l.dst = q.local + have; // the rest goes straight into that path's buffer
 			l.rest = h.body_len - have;
@@ -398,7 +474,7 @@ void TcpDataPath::read_for_all(std::unique_lock<std::mutex> &lock)
 				TcpDataPath *p = l.rest_path;
 				l.rest_path = nullptr;
 				l.dst = nullptr;
-				l.answered(p, this);
+				l.answered(p, this, false); // (only a READ's reply has a payload)
 			}
 		}
 		l.end += got;
@@ -426,6 +502,18 @@ int TcpDataPath::complete()
 				// receiving into our buffers: not before it stopped.
 				l.idle.wait(lock, [&] { return !l.reading || l.read_gen != gen_; });
 				latch(EIO);
+				// Our writes may still land until the memserver fenced the connection:
+				// not before it did (or could not be asked to), see the header.
+				if (!batch_reads() && l.unfenced && l.fence_tried != l.gen) {
+					l.fence_tried = l.gen;
+					lock.unlock();
+					if (int err = l.reconnect(deadline_after(l.timeout), true))
+						logger("tcp")->warn("{}: could not fence it after the failure "
+								    "({}): no write goes to this memserver "
+								    "until it is",
+								    name_, connect_error_text(err));
+					lock.lock();
+				}
 				break;
 			}
 			if (nanswered_ == nsent_)

@@ -21,6 +21,11 @@
 
 namespace rdmaswap {
 
+// The data connections of one memserver session (opaque): they fence each other (see
+// TcpDataPath, "Fencing"). One per session, shared by every TcpDataPath of it.
+struct TcpSession;
+std::shared_ptr<TcpSession> make_tcp_session();
+
 // A batch (its sends, a reconnect they need, and all replies read in complete()) is done
 // within `timeout` of its first post, however slowly the memserver answers, or fails with EIO
 // and drops the connection (the stream is out of step); a stop request (request_stop()) ends
@@ -56,6 +61,20 @@ namespace rdmaswap {
 // still write into its buffers. The next post on any of its paths reconnects (with that
 // path's backoff), fencing the old connection.
 //
+// Fencing (docs/architecture.md, "A failed write's outcome"): shutting a socket down does not
+// take back what it sent. A connection that failed with a WRITE unanswered is *unfenced*: the
+// memserver may still apply that WRITE (its bytes are in a socket buffer, or held on the way)
+// until it fenced the connection, which a reconnect does (HELLO names the connection it
+// replaces; the memserver applies nothing more from it once it answers). So:
+// - complete() of a write batch that failed so returns only after the connection was fenced
+//   (reconnected at once, ignoring the backoff once per failure, within one more `timeout`),
+//   or after that attempt failed;
+// - while any connection of the session (TcpSession: every connection of one memserver
+//   session, the maintenance thread's too) is unfenced, a post_write on any of them first
+//   fences it (within its batch's deadline) and fails with EIO if that fails.
+// Hence a write that failed with EIO can land only before its complete() returned, never after
+// a newer write to the memserver was sent. A failed batch of writes takes at most 2 * timeout.
+//
 // Waiting for replies: poll at once after the send (the answer cannot be there yet), or with
 // busy_poll() spin with non-blocking recvmsg for kBusyPollSpin first.
 class TcpDataPath final : public DataPathBase {
@@ -63,10 +82,12 @@ public:
 	// Connects and joins the session at once (throws std::runtime_error if that fails).
 	// `session_lost` is set when a reconnect finds the session gone.
 	// `key`: the cluster key (null: an --insecure memserver); every (re)connect authenticates.
+	// `session`: the session's other data connections (null: a session of its own).
 	TcpDataPath(const SockAddr &addr, std::shared_ptr<const AuthKey> key, uint64_t session_id,
 		    uint64_t token,
 		    std::chrono::milliseconds timeout, std::span<std::byte> region,
-		    std::shared_ptr<std::atomic<bool>> session_lost);
+		    std::shared_ptr<std::atomic<bool>> session_lost,
+		    std::shared_ptr<TcpSession> session = nullptr);
 	// A path on the connection of `with` (same memserver, session, timeout and region).
 	// Setup only. Throws std::runtime_error when `with`'s connection has kMaxSharing paths.
 	explicit TcpDataPath(TcpDataPath &with);
@@ -87,8 +108,10 @@ public:
 	// waits for replies that nobody reads.
 	static constexpr unsigned kMaxSharing = 4;
 
-private:
 	struct Link;
+
+private:
+	friend struct TcpSession;
 	static constexpr size_t kMsgSize = proto::kHeaderSize + proto::kIoRequestSize;
 	static_assert(2 * kMaxBatch <= IOV_MAX);
 
@@ -115,6 +138,9 @@ private:
 	bool parse();
 	// Forget the batch's wire state.
 	void reset_batch();
+	// Before a write goes out: fence every unfenced connection of the session (by the
+	// batch's deadline). 0 or EIO.
+	int fence_session();
 
 	const std::shared_ptr<Link> link_;
 	unsigned slot_ = 0; // this path's index on the link (in every request id)
