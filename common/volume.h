@@ -111,6 +111,7 @@ struct VolumeStats {
 	uint64_t migrate_pending = 0; // slabs wanted back that could not move (last pass)
 	uint64_t clone_aborts = 0;    // copies abandoned (a donor failed, or I/O needed the slab)
 	uint64_t switch_us_max = 0;   // longest exclusive switch-over section after a copy
+	uint64_t switch_blocks_max = 0; // most blocks copied in one (at most kSwitchDirtyBlocks)
 	// backup= only:
 	uint64_t backup_only = 0;      // live slabs with no valid replica, served by the backup
 	uint64_t backup_unbacked = 0;  // slabs the backup does not hold (write errors, restart)
@@ -531,7 +532,7 @@ private:
 	std::atomic<uint64_t> repaired_{0}, repair_bytes_{0}, server_failures_{0};
 	std::atomic<uint64_t> epoch_raises_{0}, reattached_{0}, reattach_stale_{0};
 	std::atomic<uint64_t> migrated_{0}, migrate_bytes_{0}, migrate_pending_{0}, migrate_ns_{0};
-	std::atomic<uint64_t> clone_aborts_{0}, switch_ns_max_{0};
+	std::atomic<uint64_t> clone_aborts_{0}, switch_ns_max_{0}, switch_blocks_max_{0};
 	// Errors returned to the client (rare: one shared atomic each) and lock timeouts.
 	std::array<std::array<std::atomic<uint64_t>, kVolumeErrs>, kVolumeOps> errors_{};
 	std::atomic<uint64_t> lock_timeouts_{0};

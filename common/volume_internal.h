@@ -21,8 +21,10 @@ static_assert(kMaxPieces <= kMaxBatch);
 inline constexpr uint64_t kCloneBlock = 256 * 1024;
 inline constexpr uint64_t kCopyWindow = 2 * 1024 * 1024;
 // A copy switches over once at most this many blocks were written again since they were
-// copied; it gives up after this many passes over a slab that keeps being rewritten, and
-// then copies what is left inside the switch-over section.
+// copied; after kMaxCopyPasses passes over a slab that keeps being rewritten it tries the
+// switch-over anyway, copying what is left outside the exclusive section kSwitchTries times
+// and then inside it only if that is at most kSwitchDirtyBlocks blocks (else it gives up
+// after kMaxCopyPasses more tries, and starts over later).
 inline constexpr uint64_t kSwitchDirtyBlocks = 4;
 inline constexpr unsigned kMaxCopyPasses = 8;
 inline constexpr unsigned kSwitchTries = 3;

@@ -138,16 +138,25 @@ bool Volume::clone(uint64_t slab, const Replica src, const Replica dst, int repl
 			return abort("the slab stayed busy for the timeout");
 		const auto t0 = Clock::now();
 		// Writers are out now. Blocks written since their copy are copied again: outside
-		// the exclusive section while that still shrinks them, else here (a few blocks).
-		if (clone_job_.count() > 0) {
-			if (attempt + 1 < kSwitchTries) {
+		// the exclusive section while that still shrinks them, and here only when they are
+		// at most kSwitchDirtyBlocks. Writes that keep dirtying more than that through
+		// every pass make the copy give up (it starts over later): the exclusive section
+		// never copies more than a few blocks, whatever the load.
+		if (const uint64_t dirty = clone_job_.count(); dirty > 0) {
+			if (attempt + 1 < kSwitchTries || dirty > kSwitchDirtyBlocks) {
 				ex.release();
+				if (attempt + 1 >= kSwitchTries + kMaxCopyPasses)
+					return abort("writes kept dirtying more of the slab than a "
+						     "switch-over may copy");
 				if (!copy_dirty(s, src, dst, ch, bytes, true))
 					return abort("a transfer failed, or I/O needed the slab");
 				continue;
 			}
-			// The one network wait under the exclusive lock: a few blocks, bounded by
-			// the timeout (docs/architecture.md).
+			// The one network wait under the exclusive lock: at most kSwitchDirtyBlocks
+			// blocks (one window), bounded by the timeout (docs/architecture.md).
+			for (uint64_t m = switch_blocks_max_.load();
+			     dirty > m && !switch_blocks_max_.compare_exchange_weak(m, dirty);)
+				;
 			if (!copy_dirty(s, src, dst, ch, bytes, false)) {
 				ex.release();
 				return abort("a transfer failed");

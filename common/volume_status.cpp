@@ -41,6 +41,7 @@ VolumeStats Volume::stats() const
 	st.migrate_ms = migrate_ns_.load() / 1000000;
 	st.clone_aborts = clone_aborts_.load();
 	st.switch_us_max = switch_ns_max_.load() / 1000;
+	st.switch_blocks_max = switch_blocks_max_.load();
 	if (backup_) {
 		st.backup_unbacked = backup_->untrusted_count();
 		st.backup_errors = backup_->write_errors();
@@ -118,6 +119,7 @@ std::string Volume::status_text() const
 	kv("migrate_pending", std::to_string(st.migrate_pending));
 	kv("clone_aborts", std::to_string(st.clone_aborts));
 	kv("switch_us_max", std::to_string(st.switch_us_max));
+	kv("switch_blocks_max", std::to_string(st.switch_blocks_max));
 	if (backup_) {
 		kv("backup", backup_->path());
 		kv("backup_only", std::to_string(st.backup_only));

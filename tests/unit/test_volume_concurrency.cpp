@@ -252,6 +252,51 @@ TEST_CASE("volume: repair copies while writes go on, and the new copy holds them
 	check_no_violations(bs);
 }
 
+TEST_CASE("volume: a switch-over copies at most a few blocks under the exclusive lock, "
+	  "however hard the slab is written meanwhile",
+	  "[volume][concurrency][repair]")
+{
+	// Issue 25, defect 3: writes spread over a slab being repaired keep many of its 256 KiB
+	// blocks dirty through every pass. The exclusive switch-over must still copy at most
+	// kSwitchDirtyBlocks (4) of them (else it gives up and starts over); once the writes
+	// stop, the repair completes with every byte.
+	quiet();
+	const uint64_t slab = 4 * MiB; // 16 blocks
+	std::vector<std::shared_ptr<FakeBackend>> bs{backend("a", 4, slab), backend("b", 4, slab),
+						     backend("c", 4, slab)};
+	for (auto &b : bs)
+		b->complete_delay_us = 2000;
+	constexpr unsigned kWriters = 8;
+	auto o = opts(slab, kWriters);
+	o.replicas = 2;
+	o.repair_interval = std::chrono::milliseconds(5);
+	auto v = make_volume(bs, o);
+	Bytes shadow(slab);
+	REQUIRE(write_shadow(*v, shadow, pattern(slab, 6), 0) == 0);
+	REQUIRE(eventually([&] { return v->stats().degraded == 0; }));
+	std::atomic<uint64_t> seq{0};
+	{
+		// Writer w writes the 4 KiB pages w, w + 8, ... of every block, in turn: no two
+		// writers share a page, so each keeps its part of the shadow without a lock.
+		Load writers(kWriters, [&](unsigned w) {
+			const uint64_t i = seq.fetch_add(1);
+			const uint64_t page = (i * 7 % (slab / 4096 / kWriters)) * kWriters + w;
+			return write_shadow(*v, shadow, pattern(4096, 9000 + i), page * 4096);
+		});
+		fullest(bs)->lose_session();
+		std::this_thread::sleep_for(std::chrono::seconds(3));
+		writers.stop();
+		CHECK(writers.errors() == 0);
+	}
+	CHECK(eventually([&] { return v->stats().degraded == 0 && v->stats().repaired > 0; }));
+	const VolumeStats st = v->stats();
+	INFO("switch-overs copied at most " << st.switch_blocks_max << " blocks; "
+					      << st.clone_aborts << " copies gave up");
+	CHECK(st.switch_blocks_max <= 4);
+	CHECK(compare_all(*v, shadow) == -1);
+	check_no_violations(bs);
+}
+
 TEST_CASE("volume: a control call in flight holds up no I/O", "[volume][concurrency]")
 {
 	// Item 5: give_back held the slab exclusively through its FREE; the first write to a slab
