@@ -15,6 +15,8 @@ public:
 	Backoff(std::chrono::milliseconds min, std::chrono::milliseconds max) : min_(min), max_(max) {}
 	// May a reconnect be attempted now?
 	bool may_try(clock::time_point now) const { return now >= next_; }
+	// The first moment may_try() is true.
+	clock::time_point next() const { return next_; }
 	void failed(clock::time_point now)
 	{
 		delay_ = std::min(max_, std::max(min_, delay_ * 2));

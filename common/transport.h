@@ -99,6 +99,11 @@ public:
 	// failed completion, ETIMEDOUT mapped to EIO, EACCES/EINVAL if the server refused), and the
 	// batch is discarded. A failed connection is re-established on a later post, with backoff.
 	virtual int complete() = 0;
+	// Whether a post now could go out: connected, or a reconnect may be tried now (not in a
+	// backoff after a failure, not closed). A hint, callable from any thread while another
+	// uses the path: Volume prefers a ready path of a donor to a free one that is not, so
+	// that one failed connection does not fail requests the donor's others could serve.
+	virtual bool ready() const { return true; }
 	// What this path did so far. Unlike the rest, callable from any thread while another uses
 	// the path (the values may be a moment old). Not for the data path: the status report.
 	virtual DataPathCounters counters() const { return {}; }

@@ -320,7 +320,8 @@ private:
 		std::unique_ptr<DataPath> dp;
 	};
 	// One donor's shared paths, and the threads waiting for any of them to come free
-	// (volume_io.cpp). take() tries every path (starting at `usual`) without blocking; when
+	// (volume_io.cpp). take() tries every path (starting at `usual`) without blocking,
+	// preferring one that is ready() (a free path that is not: only when none is); when
 	// all are busy it queues (FIFO, a node on its own stack) until a path is handed to it or
 	// `until`. give() unlocks a path and, only if someone waits (`waiters`), locks it again
 	// and hands it to the first in the queue, so that threads that keep arriving cannot

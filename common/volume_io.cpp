@@ -96,11 +96,34 @@ private:
 
 Volume::SharedPath *Volume::DonorPaths::take(unsigned usual, Clock::time_point until)
 {
+	// A free path that is ready (DataPath::ready: connected, or may reconnect now). A free
+	// one that is not is taken only when no path of the donor is ready, free or busy (the
+	// donor is down: it fails, or reconnects, at once): while another is ready, waiting for
+	// it beats failing a request that a healthy connection of the donor could serve.
 	auto any = [&]() -> SharedPath * {
-		for (unsigned j = 0; j < n; j++)
-			if (SharedPath &p = path[(usual + j) % n]; p.mu.try_lock())
+		SharedPath *unready = nullptr;
+		bool ready_busy = false;
+		for (unsigned j = 0; j < n; j++) {
+			SharedPath &p = path[(usual + j) % n];
+			if (!p.mu.try_lock()) {
+				ready_busy = ready_busy || p.dp->ready();
+				continue;
+			}
+			if (p.dp->ready()) {
+				if (unready)
+					unready->mu.unlock();
 				return &p;
-		return nullptr;
+			}
+			if (unready)
+				p.mu.unlock();
+			else
+				unready = &p;
+		}
+		if (unready && ready_busy) {
+			unready->mu.unlock();
+			unready = nullptr;
+		}
+		return unready;
 	};
 	if (SharedPath *p = any())
 		return p;

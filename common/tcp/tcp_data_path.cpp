@@ -62,6 +62,9 @@ struct TcpDataPath::Link {
 	bool up = false;         // fd is connected and its stream in step
 	bool closed = false;     // close_for_good(): never again
 	bool connecting = false; // a path reconnects (outside mu)
+	// When a post may use it (steady_clock ns): 0 while up, the backoff's end while down,
+	// never once closed. Written under mu, read by ready() without it.
+	std::atomic<int64_t> usable_at{0};
 	uint64_t gen = 1;        // changed by every failure and every reconnect
 	uint64_t conn_id = 0;    // the server's id for the connection: a reconnect fences it
 	Backoff backoff;
@@ -104,6 +107,7 @@ struct TcpDataPath::Link {
 		up = false;
 		gen++;
 		backoff.failed(Backoff::clock::now());
+		usable_at.store(closed ? INT64_MAX : ns(backoff.next()), std::memory_order_relaxed);
 		::shutdown(fd.get(), SHUT_RDWR);
 		if (writes_out && !unfenced && !closed) {
 			unfenced = true;
@@ -119,6 +123,12 @@ struct TcpDataPath::Link {
 			if (p)
 				p->cv_.notify_one();
 		idle.notify_all();
+	}
+
+	static int64_t ns(Backoff::clock::time_point t)
+	{
+		return std::chrono::duration_cast<std::chrono::nanoseconds>(t.time_since_epoch())
+			.count();
 	}
 
 	// The reader (under mu) received one of `p`'s replies whole; wakes `p` when that ends its
@@ -166,12 +176,14 @@ struct TcpDataPath::Link {
 			up = true;
 			gen++;
 			backoff.succeeded();
+			usable_at.store(0, std::memory_order_relaxed);
 			if (unfenced) {
 				unfenced = false;
 				session->unfenced.fetch_sub(1);
 			}
 		} else {
 			backoff.failed(Backoff::clock::now());
+			usable_at.store(ns(backoff.next()), std::memory_order_relaxed);
 		}
 		idle.notify_all();
 		return up ? 0 : (err ? err : EIO);
@@ -271,12 +283,19 @@ void TcpDataPath::disconnect()
 	// path's buffers once its complete() returned: nothing to do for this path alone.
 }
 
+bool TcpDataPath::ready() const
+{
+	return link_->usable_at.load(std::memory_order_relaxed) <=
+	       Link::ns(Backoff::clock::now());
+}
+
 void TcpDataPath::close_for_good()
 {
 	DataPathBase::close_for_good();
 	std::lock_guard lock(link_->mu);
 	link_->closed = true;
 	link_->fail(name_, ECANCELED);
+	link_->usable_at.store(INT64_MAX, std::memory_order_relaxed);
 }
 
 void TcpDataPath::reset_batch()

@@ -99,6 +99,8 @@ public:
 	int complete() override;
 	// Ends the connection for good, for all its paths.
 	void close_for_good() override;
+	// The connection is up, or its reconnect backoff has passed.
+	bool ready() const override;
 
 	// Size of the reply staging buffer (one per connection).
 	static constexpr size_t kStaging = 64 * 1024;

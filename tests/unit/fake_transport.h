@@ -78,6 +78,9 @@ struct FakeBackend {
 	std::atomic<uint64_t> posted_reads{0}, posted_writes{0}, completes{0};
 	std::atomic<uint64_t> bytes_read{0}, bytes_written{0};
 	std::atomic<uint64_t> paths_opened{0};
+	// The data path opened as number `down_path` (0-based, -1: none) is down in a backoff:
+	// not ready(), and its posts fail with EIO at once.
+	std::atomic<int> down_path{-1};
 
 	mutable std::mutex mu;
 	std::map<uint32_t, std::vector<std::byte>> slabs; // id -> contents
@@ -131,10 +134,11 @@ struct FakeBackend {
 
 class FakeDataPath final : public DataPath {
 public:
-	FakeDataPath(std::shared_ptr<FakeBackend> b, std::span<std::byte> region)
-		: b_(std::move(b)), region_(region)
+	FakeDataPath(std::shared_ptr<FakeBackend> b, std::span<std::byte> region, int index = -2)
+		: b_(std::move(b)), region_(region), index_(index)
 	{
 	}
+	bool ready() const override { return index_ != b_->down_path.load(); }
 	~FakeDataPath() override
 	{
 		if (!batch_.empty())
@@ -244,6 +248,8 @@ private:
 		}
 		if (int e = b_->post_error.load())
 			return e;
+		if (!ready())
+			return EIO;
 		if (b_->lost.load())
 			return EIO;
 		const std::string what = std::string(write ? "write" : "read") + " slab " +
@@ -293,6 +299,7 @@ private:
 
 	std::shared_ptr<FakeBackend> b_;
 	std::span<std::byte> region_;
+	const int index_; // its number among the backend's paths (FakeBackend::down_path)
 	std::vector<Op> batch_;
 	std::thread::id owner_; // the thread that posted batch_'s first operation
 	std::atomic<bool> busy_{false};
@@ -393,8 +400,8 @@ public:
 	{
 		if (b_->fail_open.load())
 			throw std::runtime_error("fake: cannot open data path");
-		b_->paths_opened++;
-		return std::make_unique<FakeDataPath>(b_, region);
+		const int index = int(b_->paths_opened++);
+		return std::make_unique<FakeDataPath>(b_, region, index);
 	}
 	bool session_alive() const override { return !b_->lost.load() && !b_->closed.load(); }
 	bool close_if_idle() override

@@ -237,3 +237,31 @@ TEST_CASE("paths: a request whose usual path is stuck takes the first other one 
 	CHECK(c_ms < 2500);
 	check_no_violations({a});
 }
+
+TEST_CASE("paths: a donor's connection in its reconnect backoff fails no request that its "
+	  "other connections can serve",
+	  "[volume][paths]")
+{
+	// Issue 25, defect 4: one of the donor's 4 paths is down (not ready: its posts fail at
+	// once); requests that find it free must take (or wait for) a ready one instead of failing
+	// with EIO, which with one replica loses the request.
+	quiet();
+	OneDonor d(4, std::chrono::milliseconds(2000));
+	d.a->down_path = 1;
+	std::atomic<unsigned> errors{0}, reads{0};
+	std::vector<std::thread> ts;
+	for (int t = 0; t < 4; t++)
+		ts.emplace_back([&, t] {
+			for (int i = 0; i < 200; i++) {
+				reads++;
+				if (!d.read_ok((t + i) % 8, 4096))
+					errors++;
+			}
+		});
+	for (auto &t : ts)
+		t.join();
+	CHECK(reads == 800);
+	CHECK(errors == 0);
+	d.a->down_path = -1;
+	check_no_violations({d.a});
+}
