@@ -377,7 +377,16 @@ private:
 	// The bound on waiting for a lock or a channel: its holders are inside bounded network
 	// waits, at most one per replica tried (a read fails over within one chunk), plus one.
 	// A safety net: a slow donor makes them wait about `timeout`, then they fail over.
-	Clock::time_point deadline() const { return Clock::now() + (kMaxReplicas + 2) * timeout_; }
+	// Inside a request (RequestScope), never past the request's own bound on waiting.
+	Clock::time_point deadline() const;
+	// A request (pread, pwrite, trim, zero) on this thread: every wait of it (channel, locks,
+	// paths, and the start of each further chunk, round or allocation) ends by its start +
+	// kRequestWaits * timeout, so that the request ends, with data or EIO, within
+	// (kRequestWaits + 2) * timeout (docs/architecture.md, "How long each wait can be").
+	class RequestScope;
+	// The current request's bound (time_point::max() outside a request: maintenance).
+	static Clock::time_point request_deadline();
+	static bool request_out_of_time() { return Clock::now() >= request_deadline(); }
 	// Take `s.maint` by `until`, asking a copy of the slab in progress to give way.
 	bool lock_maint(Slab &s, Clock::time_point until);
 	// A free data channel: the first one free from this thread's usual one on, else wait for

@@ -98,6 +98,10 @@ unsigned Volume::grant(uint64_t slab, uint64_t epoch, unsigned want,
 	err = ENOSPC;
 	bool waited = false;
 	while (got < want && ntried < servers()) {
+		if (ntried > exclude.size() && request_out_of_time()) {
+			err = EIO; // (another donor to ask, but the request is out of time)
+			break;
+		}
 		uint16_t chosen[kMaxReplicas];
 		const uint64_t seen = donors_epoch_.load();
 		const unsigned n = place(want - got, std::span(tried, ntried), chosen);

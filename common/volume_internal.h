@@ -72,6 +72,9 @@ private:
 	unsigned n_ = 0;
 };
 
+// A request's waits end by its start + this many timeouts (Volume::RequestScope).
+inline constexpr unsigned kRequestWaits = 3;
+
 inline int64_t now_ns()
 {
 	return std::chrono::duration_cast<std::chrono::nanoseconds>(

@@ -15,6 +15,37 @@ namespace rdmaswap {
 static_assert(ChunkDonors::kCapacity >= kMaxPieces * Volume::kMaxReplicas);
 
 namespace {
+// The bound of the request this thread serves (Volume::RequestScope; max: none).
+thread_local std::chrono::steady_clock::time_point t_request_until =
+	std::chrono::steady_clock::time_point::max();
+} // namespace
+
+class Volume::RequestScope {
+public:
+	explicit RequestScope(const Volume &v) : prev_(t_request_until)
+	{
+		if (prev_ == Clock::time_point::max()) // (zero() calls trim(): one request)
+			t_request_until = Clock::now() + kRequestWaits * v.timeout_;
+	}
+	~RequestScope() { t_request_until = prev_; }
+	RequestScope(const RequestScope &) = delete;
+	RequestScope &operator=(const RequestScope &) = delete;
+
+private:
+	const Clock::time_point prev_;
+};
+
+Volume::Clock::time_point Volume::request_deadline()
+{
+	return t_request_until;
+}
+
+Volume::Clock::time_point Volume::deadline() const
+{
+	return std::min(Clock::now() + (kMaxReplicas + 2) * timeout_, t_request_until);
+}
+
+namespace {
 // Unlocks the first `n` slabs of `pieces` that were locked shared.
 template <typename Slabs, typename Pieces>
 void unlock_pieces(Slabs &slabs, const Pieces *pieces, unsigned n)
@@ -193,6 +224,8 @@ int Volume::read_chunk(Channel &ch, uint64_t at, uint32_t len)
 	bool done[kMaxPieces] = {};
 	int err = 0;
 	for (unsigned round = 0; round <= kMaxReplicas && !err; round++) {
+		if (round && request_out_of_time())
+			break; // (what is not done yet fails: the request is out of time)
 		ChunkDonors used;
 		HeldPaths held(*this, ch);
 		std::fill(posted, posted + n, int8_t(-1)); // every piece, even after a break
@@ -401,6 +434,7 @@ int Volume::write_chunk(Channel &ch, uint64_t at, uint32_t len, uint64_t *fence,
 
 int Volume::pread(void *buf, uint32_t count, uint64_t offset)
 {
+	const RequestScope request(*this);
 	const int64_t start = now_ns();
 	if (int r = check_range(count, offset))
 		return count_error(VolumeOp::Read, r);
@@ -415,6 +449,12 @@ int Volume::pread(void *buf, uint32_t count, uint64_t offset)
 		while (done < count && !err) {
 			const uint64_t at = offset + done;
 			const uint32_t len = chunk_len(at, count - done);
+			if (done && request_out_of_time()) {
+				logger("volume")->debug("read at {}: out of time after {} bytes", offset,
+							done);
+				err = EIO;
+				break;
+			}
 			if ((err = read_chunk(*ch, at, len)))
 				break;
 			std::memcpy(dst + done, ch->buf, len);
@@ -439,6 +479,10 @@ int Volume::write_range(const std::byte *src, uint64_t count, uint64_t offset, b
 	while (done < count) {
 		const uint64_t at = offset + done;
 		uint32_t len = chunk_len(at, count - done);
+		if (done && request_out_of_time()) {
+			logger("volume")->debug("write at {}: out of time after {} bytes", offset, done);
+			return EIO;
+		}
 		if (!allocate) // one slab at a time: an empty one is skipped, not written
 			len = uint32_t(std::min<uint64_t>(len, slab_size_ - at % slab_size_));
 		else if (int err = ensure_allocated(at / slab_size_, (at + len - 1) / slab_size_))
@@ -478,7 +522,7 @@ int Volume::write_range(const std::byte *src, uint64_t count, uint64_t offset, b
 		if (r)
 			return r;
 		for (unsigned i = 0; i < nfence; i++) // degraded: fence before acknowledging
-			if (int err = fence_write(fence[i]))
+			if (int err = request_out_of_time() ? EIO : fence_write(fence[i]))
 				return err;
 		done += len;
 	}
@@ -492,6 +536,7 @@ int Volume::write_range(const std::byte *src, uint64_t count, uint64_t offset, b
 
 int Volume::pwrite(const void *buf, uint32_t count, uint64_t offset)
 {
+	const RequestScope request(*this);
 	const int64_t start = now_ns();
 	if (int r = check_range(count, offset))
 		return count_error(VolumeOp::Write, r);
@@ -502,6 +547,7 @@ int Volume::pwrite(const void *buf, uint32_t count, uint64_t offset)
 
 int Volume::trim(uint32_t count, uint64_t offset)
 {
+	const RequestScope request(*this);
 	if (int r = check_range(count, offset))
 		return count_error(VolumeOp::Trim, r);
 	const uint64_t end = offset + count;
@@ -509,14 +555,18 @@ int Volume::trim(uint32_t count, uint64_t offset)
 	const uint64_t first = (offset + slab_size_ - 1) / slab_size_;
 	const uint64_t last = (end == size_) ? nslabs_ : end / slab_size_;
 	int err = 0;
-	for (uint64_t i = first; i < last; i++)
+	for (uint64_t i = first; i < last; i++) {
+		if (i > first && request_out_of_time())
+			return count_error(VolumeOp::Trim, EIO);
 		if (int r = give_back(i); r && !err)
 			err = r;
+	}
 	return count_error(VolumeOp::Trim, err);
 }
 
 int Volume::zero(uint32_t count, uint64_t offset, bool fast_only)
 {
+	const RequestScope request(*this);
 	if (int r = check_range(count, offset))
 		return count_error(VolumeOp::Zero, r);
 	if (count == 0)

@@ -526,7 +526,9 @@ int TcpDataPath::complete()
 				if (!batch_reads() && l.unfenced && l.fence_tried != l.gen) {
 					l.fence_tried = l.gen;
 					lock.unlock();
-					if (int err = l.reconnect(deadline_after(l.timeout), true))
+					// (by the batch's deadline + one timeout: the fences of a
+					// chunk's donors, done one after another, all end by then)
+					if (int err = l.reconnect(deadline_ + l.timeout, true))
 						logger("tcp")->warn("{}: could not fence it after the failure "
 								    "({}): no write goes to this memserver "
 								    "until it is",

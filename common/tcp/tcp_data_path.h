@@ -67,8 +67,8 @@ std::shared_ptr<TcpSession> make_tcp_session();
 // until it fenced the connection, which a reconnect does (HELLO names the connection it
 // replaces; the memserver applies nothing more from it once it answers). So:
 // - complete() of a write batch that failed so returns only after the connection was fenced
-//   (reconnected at once, ignoring the backoff once per failure, within one more `timeout`),
-//   or after that attempt failed;
+//   (reconnected at once, ignoring the backoff once per failure, by the batch's deadline
+//   plus one more `timeout`), or after that attempt failed;
 // - while any connection of the session (TcpSession: every connection of one memserver
 //   session, the maintenance thread's too) is unfenced, a post_write on any of them first
 //   fences it (within its batch's deadline) and fails with EIO if that fails.

@@ -297,6 +297,39 @@ TEST_CASE("volume: a switch-over copies at most a few blocks under the exclusive
 	check_no_violations(bs);
 }
 
+TEST_CASE("volume: a request ends within (kRequestWaits + 2) timeouts, however many chunks "
+	  "it has",
+	  "[volume][concurrency]")
+{
+	// Issue 25, defect 5: each wait and each round trip of a request was bounded, but not the
+	// request: a 4 MiB write of 16 chunks to a donor that takes 0.8 timeout per round trip
+	// took 16 * 0.8 timeouts, far past the kernel's NBD timeout. Now it fails with EIO within
+	// the stated bound (5 timeouts), and a request that fits in it succeeds.
+	quiet();
+	const auto timeout = std::chrono::milliseconds(300);
+	auto a = backend("a", 8, 4 * MiB);
+	auto o = opts(4 * MiB, 2);
+	o.replicas = 1;
+	o.timeout = timeout;
+	auto v = make_volume({a}, o);
+	Bytes shadow(4 * MiB);
+	REQUIRE(write_shadow(*v, shadow, pattern(4 * MiB, 8), 0) == 0);
+	a->complete_delay_us = 240000; // 0.8 timeout per round trip
+	Bytes big = pattern(4 * MiB, 9);
+	for (bool write : {true, false}) {
+		INFO((write ? "write" : "read"));
+		const auto t0 = Clock::now();
+		const int r = write ? v->pwrite(big.data(), uint32_t(big.size()), 0)
+				    : v->pread(big.data(), uint32_t(big.size()), 0);
+		const auto took = Clock::now() - t0;
+		CHECK(r == EIO);
+		CHECK(took <= 5 * timeout + std::chrono::milliseconds(200));
+	}
+	Bytes one(4096);
+	CHECK(v->pread(one.data(), 4096, 0) == 0); // one chunk fits
+	check_no_violations({a});
+}
+
 TEST_CASE("volume: a control call in flight holds up no I/O", "[volume][concurrency]")
 {
 	// Item 5: give_back held the slab exclusively through its FREE; the first write to a slab
