@@ -191,6 +191,22 @@ bool set_log_level(const std::string &level)
 	return true;
 }
 
+std::string log_summary(std::span<const std::pair<std::string, std::string>> items, size_t max)
+{
+	std::string out;
+	const size_t shown = std::min(items.size(), max);
+	for (size_t i = 0; i < shown; i++) {
+		if (i)
+			out += i + 1 == shown && shown == items.size() ? " and " : ", ";
+		out += items[i].first;
+		if (!items[i].second.empty())
+			out += " (" + items[i].second + ")";
+	}
+	if (shown < items.size())
+		out += " and " + std::to_string(items.size() - shown) + " more";
+	return out;
+}
+
 bool LogLimiter::allow(uint64_t &suppressed)
 {
 	std::lock_guard lock(mu_);

@@ -6,8 +6,10 @@
 #include <cstdint>
 #include <memory>
 #include <mutex>
+#include <span>
 #include <string>
 #include <string_view>
+#include <utility>
 
 #include <spdlog/spdlog.h>
 
@@ -40,6 +42,11 @@ bool set_log_level(const std::string &level);
 // with a single write(2), so concurrent lines do not interleave and no lock is taken. A message
 // longer than about 1000 bytes is cut and ends in "...".
 spdlog::sink_ptr make_fd_sink(int fd);
+
+// Many similar failures as one log line: "A (why), B (why) and 3 more", the first `max` of
+// `items` (name, why) and how many are left out. Control path only (allocates).
+std::string log_summary(std::span<const std::pair<std::string, std::string>> items,
+			size_t max = 8);
 
 // Lets through at most `burst` messages per `period` and counts the rest, so that what a
 // hostile peer provokes (failed logins, connection floods) cannot flood the log. Thread-safe.

@@ -69,12 +69,13 @@ Membership::StartPlan Membership::plan_start(unsigned spread,
 	const size_t n = candidates.size();
 	std::vector<std::unique_ptr<Server>> conn(n);
 	std::vector<bool> failed(n, false);
+	std::vector<std::pair<std::string, std::string>> failures; // logged as one line at the end
 	StartPlan plan;
 	auto try_connect = [&](size_t k) {
 		try {
 			conn[k] = connect(candidates[k].ep);
 		} catch (const std::exception &e) {
-			log->warn("{}", e.what());
+			failures.emplace_back(e.what(), "");
 			failed[k] = true;
 		}
 	};
@@ -136,6 +137,11 @@ Membership::StartPlan Membership::plan_start(unsigned spread,
 	}
 	std::sort(plan.record.begin(), plan.record.end(),
 		  [](const Endpoint &a, const Endpoint &b) { return a.str() < b.str(); });
+	if (failures.size() == 1)
+		log->warn("{}", failures[0].first);
+	else if (!failures.empty())
+		log->warn("{} memservers could not be used at start: {}", failures.size(),
+			  log_summary(failures));
 	return plan;
 }
 
@@ -231,6 +237,8 @@ void Membership::set_registered(std::span<const discovery::Donor> donors)
 unsigned Membership::step()
 {
 	std::lock_guard one(step_mu_);
+	if (opts_.fault)
+		opts_.fault();
 	auto log = logger("membership");
 	// Decide under mu_ (no network), record and connect without it.
 	std::vector<size_t> to_connect;
@@ -301,12 +309,14 @@ unsigned Membership::step()
 			std::sort(names.begin(), names.end());
 			names.erase(std::unique(names.begin(), names.end()), names.end());
 			if (names != recorded_) {
-				for (const auto &n : names)
-					record_eps.push_back(entries_[index_.at(n)].ep);
-				for (const auto &n : recorded_) // recorded, not known now: kept
-					if (!index_.count(n))
-						if (auto ep = parse_endpoint(n, 0))
-							record_eps.push_back(*ep);
+				// By name (the order the record keeps); a donor recorded and not known
+				// now (gone, or not registered this run) is kept by its recorded name.
+				for (const auto &n : names) {
+					if (auto it = index_.find(n); it != index_.end())
+						record_eps.push_back(entries_[it->second].ep);
+					else if (auto ep = parse_endpoint(n, 0))
+						record_eps.push_back(*ep);
+				}
 				record_names = std::move(names);
 			}
 		}
@@ -441,8 +451,21 @@ bool Membership::relist()
 	return true;
 }
 
+void Membership::loop_failed(const char *loop, const char *why, bool &failing)
+{
+	auto log = logger("membership");
+	if (!failing)
+		log->error("{} failed: {} (a bug: the donors known stay in use; tried again every "
+			   "{} ms)",
+			   loop, why, opts_.interval.count());
+	else
+		log->debug("{} failed again: {}", loop, why);
+	failing = true;
+}
+
 void Membership::step_loop()
 {
+	bool failing = false; // the last step threw
 	for (;;) {
 		{
 			std::unique_lock lock(mu_);
@@ -451,7 +474,18 @@ void Membership::step_loop()
 				return;
 			wake_ = false;
 		}
-		step();
+		// The thread's exception boundary: nothing it throws may reach std::terminate (it
+		// would abort nbdkit). The next step starts from the entries as this one left them.
+		try {
+			step();
+			if (failing)
+				logger("membership")->info("a step succeeded again");
+			failing = false;
+		} catch (const std::exception &e) {
+			loop_failed("a membership step", e.what(), failing);
+		} catch (...) {
+			loop_failed("a membership step", "unknown exception", failing);
+		}
 	}
 }
 
@@ -512,8 +546,28 @@ void Membership::watch_loop()
 void Membership::start()
 {
 	step_thread_ = std::thread([this] { step_loop(); });
-	if (watch_)
-		watch_thread_ = std::thread([this] { watch_loop(); });
+	if (!watch_)
+		return;
+	// The watcher's exception boundary: a watch that throws is opened again after the
+	// interval (a stop() meanwhile ends the thread).
+	watch_thread_ = std::thread([this] {
+		bool failing = false;
+		for (;;) {
+			std::string why;
+			try {
+				watch_loop();
+				return; // stopped
+			} catch (const std::exception &e) {
+				why = e.what();
+			} catch (...) {
+				why = "unknown exception";
+			}
+			loop_failed("the etcd watch", why.c_str(), failing);
+			std::unique_lock lock(mu_);
+			if (cv_.wait_for(lock, opts_.interval, [this] { return stop_; }))
+				return;
+		}
+	});
 }
 
 void Membership::stop()

@@ -87,6 +87,9 @@ public:
 		// Hints for donors not connected yet (etcd's registration hints win when there):
 		// e.g. the plugin's probes at start.
 		std::vector<std::pair<Endpoint, DonorLoad>> hints;
+		// Test only (the plugin's RDMASWAP_TEST_THROW=membership): called at the start of
+		// every step(); what it throws leaves step() like any other exception.
+		std::function<void()> fault;
 	};
 	struct Start {
 		Endpoint ep;
@@ -118,7 +121,9 @@ public:
 	unsigned step();
 
 	// Start the threads: the step loop, and with a registry the watcher. stop() (or the
-	// destructor) ends them; a connect in progress ends within the plugin's timeout.
+	// destructor) ends them; a connect in progress ends within the plugin's timeout. Each
+	// thread is an exception boundary: an exception that leaves a step or a watch is logged
+	// (an error, once per streak of failures) and the thread carries on after its interval.
 	void start();
 	void stop();
 	// Run a step soon (no wait; any thread): Volume's need-donor hook.
@@ -174,6 +179,9 @@ private:
 	void close_idle(std::span<const size_t> to_close);
 	void step_loop();
 	void watch_loop();
+	// The threads' boundary: logs what a loop threw (error once per streak, then debug) and
+	// sets `failing`.
+	void loop_failed(const char *loop, const char *why, bool &failing);
 	// List the registry and record it; false if etcd did not answer.
 	bool relist();
 

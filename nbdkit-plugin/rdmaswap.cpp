@@ -4,21 +4,31 @@
 #define NBDKIT_API_VERSION 2
 #include <nbdkit-plugin.h>
 
+#include <fcntl.h>
+#include <poll.h>
 #include <sys/mman.h>
 #include <sys/resource.h>
+#include <sys/stat.h>
+#include <syslog.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
 #include <cerrno>
+#include <csignal>
+#include <cstdarg>
 #include <condition_variable>
 #include <cstdio>
 #include <cstdlib>
-#include <thread>
 #include <cstring>
+#include <iterator>
+#include <stdexcept>
+#include <thread>
+#include <type_traits>
 #include <memory>
 #include <mutex>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include <spdlog/sinks/sink.h>
@@ -53,28 +63,129 @@ namespace {
 
 using namespace rdmaswap;
 
-// Routes the project's spdlog loggers into nbdkit's log: warnings and errors always (through
-// nbdkit_error: nbdkit 1.32 has no warning level, so a warning reads "error: warning: ..."),
-// info and debug only with nbdkit -v. Formats nothing itself and allocates nothing: nbdkit
-// prints the message (already formatted by spdlog on the stack) with "%.*s". Thread-safe
-// without a lock of its own, as nbdkit_error and nbdkit_debug are.
+// Where a warning goes (nbdkit 1.32 has no warning level, and nbdkit_error prefixes "error:",
+// which an operator's log watcher alerts on): the destination of nbdkit's own messages, as
+// --log= chose it (/proc/self/cmdline, read once at load): stderr, syslog or nowhere. With
+// --log=default (or none), stderr, unless nbdkit forked into the background and its stderr
+// became /dev/null (decided again in after_fork): then syslog, as nbdkit does.
+enum class LogTo { Stderr, Syslog, Null };
+std::atomic<LogTo> g_log_to{LogTo::Stderr};
+bool g_log_explicit = false; // --log= named a destination other than default
+
+void choose_log_destination()
+{
+	FILE *f = std::fopen("/proc/self/cmdline", "re");
+	if (!f)
+		return;
+	char buf[8192];
+	const size_t n = std::fread(buf, 1, sizeof buf - 1, f);
+	std::fclose(f);
+	buf[n] = '\0';
+	std::string_view prev;
+	for (size_t off = 0; off < n;) {
+		const std::string_view arg(buf + off);
+		off += arg.size() + 1;
+		std::string_view v;
+		if (arg.substr(0, 6) == "--log=")
+			v = arg.substr(6);
+		else if (prev == "--log")
+			v = arg;
+		prev = arg;
+		if (arg == "--")
+			break; // (nbdkit's own options end here)
+		if (v.empty())
+			continue;
+		g_log_explicit = v != "default";
+		g_log_to = v == "syslog" ? LogTo::Syslog : v == "null" ? LogTo::Null : LogTo::Stderr;
+	}
+}
+
+// After the fork: nbdkit in the background without -v points stderr at /dev/null and logs to
+// syslog (its --log=default).
+void log_destination_after_fork()
+{
+	if (g_log_explicit)
+		return;
+	struct stat err{}, null{};
+	if (fstat(STDERR_FILENO, &err) == 0 && stat("/dev/null", &null) == 0 &&
+	    S_ISCHR(err.st_mode) && err.st_rdev == null.st_rdev)
+		g_log_to = LogTo::Syslog;
+}
+
+// One warning line, "nbdkit: rdmaswap: warning: NAME: TEXT", written to where nbdkit logs:
+// formatted on the stack (cut at about 2000 bytes), one write(2) or syslog(3) call, errno kept.
+void log_warning(std::string_view name, std::string_view text)
+{
+	const int saved_errno = errno;
+	switch (g_log_to.load(std::memory_order_relaxed)) {
+	case LogTo::Null:
+		break;
+	case LogTo::Syslog:
+		syslog(LOG_WARNING, "rdmaswap: warning: %.*s: %.*s", int(name.size()), name.data(),
+		       int(text.size()), text.data());
+		break;
+	case LogTo::Stderr: {
+		char buf[2048];
+		size_t n = 0;
+		auto put = [&](std::string_view s) {
+			const size_t k = std::min(s.size(), sizeof buf - 1 - n);
+			std::memcpy(buf + n, s.data(), k);
+			n += k;
+		};
+		put("nbdkit: rdmaswap: warning: ");
+		put(name);
+		put(": ");
+		put(text);
+		buf[n++] = '\n';
+		for (size_t off = 0; off < n;) {
+			const ssize_t w = ::write(STDERR_FILENO, buf + off, n - off);
+			if (w < 0 && errno == EINTR)
+				continue;
+			if (w <= 0)
+				break;
+			off += size_t(w);
+		}
+		break;
+	}
+	}
+	errno = saved_errno;
+}
+
+// Routes the project's spdlog loggers into nbdkit's log: errors always (nbdkit_error),
+// warnings always without "error:" (log_warning), info and debug only with nbdkit -v
+// (nbdkit_debug). Formats nothing itself and allocates nothing: the message is already formatted
+// by spdlog on the stack. Thread-safe without a lock of its own, as nbdkit_error, nbdkit_debug
+// and log_warning are.
 class NbdkitSink final : public spdlog::sinks::sink {
 public:
 	void log(const spdlog::details::log_msg &msg) override
 	{
-		const int name_len = int(msg.logger_name.size());
-		const int text_len = int(msg.payload.size());
-		if (msg.level >= spdlog::level::warn)
-			nbdkit_error("%s%.*s: %.*s", msg.level == spdlog::level::warn ? "warning: " : "",
-				     name_len, msg.logger_name.data(), text_len, msg.payload.data());
+		const std::string_view name(msg.logger_name.data(), msg.logger_name.size());
+		const std::string_view text(msg.payload.data(), msg.payload.size());
+		if (msg.level == spdlog::level::warn)
+			log_warning(name, text);
+		else if (msg.level > spdlog::level::warn)
+			nbdkit_error("%.*s: %.*s", int(name.size()), name.data(), int(text.size()),
+				     text.data());
 		else
-			nbdkit_debug("%.*s: %.*s", name_len, msg.logger_name.data(), text_len,
-				     msg.payload.data());
+			nbdkit_debug("%.*s: %.*s", int(name.size()), name.data(), int(text.size()),
+				     text.data());
 	}
 	void flush() override {}
 	void set_pattern(const std::string &) override {}
 	void set_formatter(std::unique_ptr<spdlog::formatter>) override {}
 };
+
+// A warning of the plugin itself (printf-style, control path only).
+[[gnu::format(printf, 1, 2)]] void warn(const char *fmt, ...)
+{
+	char text[2048];
+	va_list ap;
+	va_start(ap, fmt);
+	const int n = std::vsnprintf(text, sizeof text, fmt, ap);
+	va_end(ap);
+	log_warning("plugin", std::string_view(text, n < 0 ? 0 : std::min(size_t(n), sizeof text - 1)));
+}
 
 struct Config {
 	std::vector<Endpoint> servers; // server=
@@ -126,8 +237,19 @@ public:
 	StatusWriter()
 		: thread_([this] {
 			  std::unique_lock lock(mu_);
+			  bool failing = false;
 			  while (!stop_) {
-				  write();
+				  // The thread's exception boundary: a file not written this second
+				  // is written the next (logged once per streak).
+				  try {
+					  write();
+					  failing = false;
+				  } catch (const std::exception &e) {
+					  if (!failing)
+						  logger("plugin")->warn("status files not written: {}",
+									 e.what());
+					  failing = true;
+				  }
 				  cv_.wait_for(lock, std::chrono::seconds(1));
 			  }
 		  })
@@ -182,29 +304,82 @@ private:
 std::unique_ptr<StatusWriter> g_status;
 
 // nbdkit exits only once every request in flight has returned, and a request may wait up to
-// timeout= on a slow donor (or be retried on the next one). This thread sleeps with
-// nbdkit_nanosleep, which returns early once nbdkit is shutting down (SIGTERM, SIGINT,
-// nbdkit_shutdown; with a connection-less thread like this one, nothing else ends it early), and
-// then stops every network wait of the process (request_stop(), common/deadline.h): waiting
-// requests fail with EIO at once and nbdkit exits. Stopped (within 100 ms) at unload.
+// timeout= on a slow donor (or be retried on the next one). This thread learns that nbdkit is
+// shutting down from its quit signals (SIGINT, SIGQUIT, SIGTERM, SIGHUP: nbdkit's handler
+// runs first, then ours writes a byte to a pipe) and then stops every network wait of the
+// process (request_stop(), common/deadline.h): waiting requests fail with EIO at once and
+// nbdkit exits. Not nbdkit_nanosleep: it logs "error: aborting sleep because of server shut
+// down" on every clean shutdown. A shutdown that nbdkit starts without a signal
+// (nbdkit_shutdown() from a filter) is not seen: its requests end within their timeout.
+// Made in after_fork (nbdkit installs its handlers before it calls it); stopped (within
+// 100 ms) at unload, when nbdkit's handlers are put back.
 class ShutdownWatcher {
 public:
-	ShutdownWatcher() : thread_([this] { run(); }) {}
+	ShutdownWatcher()
+	{
+		if (pipe2(pipe_, O_CLOEXEC | O_NONBLOCK) != 0)
+			throw std::runtime_error(std::string("pipe2: ") + std::strerror(errno));
+		g_quit_fd = pipe_[1];
+		for (size_t i = 0; i < std::size(kSignals); i++) {
+			struct sigaction &o = g_old[i];
+			if (sigaction(kSignals[i], nullptr, &o) != 0)
+				continue;
+			const bool handled = (o.sa_flags & SA_SIGINFO) ||
+					     (o.sa_handler != SIG_DFL && o.sa_handler != SIG_IGN);
+			if (!handled)
+				continue; // nbdkit does not catch it: its default action stays
+			struct sigaction sa{};
+			sa.sa_sigaction = on_signal;
+			sa.sa_flags = SA_SIGINFO | SA_RESTART;
+			sigfillset(&sa.sa_mask);
+			installed_[i] = sigaction(kSignals[i], &sa, nullptr) == 0;
+		}
+		thread_ = std::thread([this] { run(); });
+	}
 	~ShutdownWatcher()
 	{
+		for (size_t i = 0; i < std::size(kSignals); i++)
+			if (installed_[i])
+				sigaction(kSignals[i], &g_old[i], nullptr);
 		done_.store(true);
 		thread_.join();
+		// The pipe stays open: a handler that began before the lines above may still write.
 	}
 
 private:
+	static constexpr int kSignals[] = {SIGINT, SIGQUIT, SIGTERM, SIGHUP};
+	static inline struct sigaction g_old[std::size(kSignals)];
+	static inline int g_quit_fd = -1;
+
+	// nbdkit's handler (it sets its quit flag), then one byte to the pipe. Async-signal-safe.
+	static void on_signal(int sig, siginfo_t *info, void *ctx)
+	{
+		const int saved_errno = errno;
+		for (size_t i = 0; i < std::size(kSignals); i++) {
+			if (kSignals[i] != sig)
+				continue;
+			const struct sigaction &o = g_old[i];
+			if (o.sa_flags & SA_SIGINFO)
+				o.sa_sigaction(sig, info, ctx);
+			else if (o.sa_handler != SIG_DFL && o.sa_handler != SIG_IGN)
+				o.sa_handler(sig);
+		}
+		const char c = 0;
+		[[maybe_unused]] const ssize_t w = ::write(g_quit_fd, &c, 1);
+		errno = saved_errno;
+	}
 	void run()
 	{
-		while (!done_.load())
-			if (nbdkit_nanosleep(0, 100'000'000) != 0) {
+		while (!done_.load()) {
+			pollfd p{pipe_[0], POLLIN, 0};
+			if (poll(&p, 1, 100) > 0 && (p.revents & POLLIN)) {
 				request_stop();
 				return;
 			}
+		}
 	}
+	int pipe_[2] = {-1, -1};
+	bool installed_[std::size(kSignals)] = {};
 	std::atomic<bool> done_{false};
 	std::thread thread_;
 };
@@ -218,19 +393,52 @@ int fail(int err, const char *what)
 	return -1;
 }
 
-// Runs `fn` (returning 0 or an errno) so that no exception reaches nbdkit.
-template <typename Fn> int guarded(const char *what, Fn &&fn)
-{
-	try {
-		const int err = fn();
-		return err ? fail(err, what) : 0;
-	} catch (const std::exception &e) {
-		nbdkit_error("rdmaswap: %s: %s", what, e.what());
-	} catch (...) {
-		nbdkit_error("rdmaswap: %s: unknown exception", what);
+// A string literal as a template argument (Boundary's callback name).
+template <size_t N> struct Name {
+	constexpr Name(const char (&s)[N]) { std::copy_n(s, N, text); }
+	char text[N];
+};
+
+// The exception boundary of every nbdkit callback (docs/architecture.md, "Exception
+// boundaries"): nbdkit calls Boundary<"what", fn>::call, which runs `fn`; an exception that
+// leaves `fn` is logged once (nbdkit_error naming the callback) and becomes the callback's
+// failure: -1 with EIO (a request fails, a start step fails and nbdkit exits), NULL (open: the
+// connection is refused), nothing (void callbacks). Nothing thrown reaches nbdkit.
+template <Name what, auto fn> struct Boundary;
+template <Name what, typename R, typename... A, R (*fn)(A...)> struct Boundary<what, fn> {
+	static R call(A... args) noexcept
+	{
+		try {
+			return fn(args...);
+		} catch (const std::exception &e) {
+			nbdkit_error("rdmaswap: %s: %s", what.text, e.what());
+		} catch (...) {
+			nbdkit_error("rdmaswap: %s: unknown exception", what.text);
+		}
+		nbdkit_set_error(EIO);
+		if constexpr (std::is_pointer_v<R>)
+			return nullptr;
+		else if constexpr (!std::is_void_v<R>)
+			return R(-1);
 	}
-	nbdkit_set_error(EIO);
-	return -1;
+};
+
+// Test hooks (RDMASWAP_TEST_THROW, read once at load; comma-separated): "write" makes the
+// first write request throw inside its callback, "membership" the first three steps of the
+// membership thread (tests/integration/test-exception-boundary.sh). Unset in production.
+std::atomic<int> g_throw_writes{0};
+unsigned g_throw_steps = 0;
+
+void read_test_hooks()
+{
+	const char *v = std::getenv("RDMASWAP_TEST_THROW");
+	if (!v)
+		return;
+	const std::string s = std::string(",") + v + ",";
+	if (s.find(",write,") != std::string::npos)
+		g_throw_writes = 1;
+	if (s.find(",membership,") != std::string::npos)
+		g_throw_steps = 3;
 }
 
 void rdmaswap_load()
@@ -239,6 +447,8 @@ void rdmaswap_load()
 	// info (shown with nbdkit -v), or debug with -D rdmaswap.debug=1 (nbdkit sets the flag
 	// before it calls .load).
 	set_log_level(rdmaswap_debug_debug ? "debug" : "info");
+	choose_log_destination();
+	read_test_hooks();
 }
 
 void rdmaswap_unload()
@@ -474,8 +684,7 @@ int rdmaswap_config_complete()
 		return -1;
 	}
 	if (g_cfg.insecure)
-		nbdkit_error("rdmaswap: warning: insecure=true: memservers are not authenticated "
-			     "and do not authenticate us");
+		warn("insecure=true: memservers are not authenticated and do not authenticate us");
 	// With etcd=, the servers are known only once etcd was asked (get_ready).
 	if (!etcd && g_cfg.replicas == 0)
 		g_cfg.replicas = g_cfg.servers.size() >= 2 ? 2 : 1;
@@ -574,8 +783,7 @@ static std::optional<std::vector<Endpoint>> read_holders()
 	try {
 		record = holders::read_file(g_cfg.holders_file, g_cfg.volume);
 	} catch (const std::exception &e) {
-		nbdkit_error("rdmaswap: warning: %s: every donor is contacted at this start",
-			     e.what());
+		warn("%s: every donor is contacted at this start", e.what());
 	}
 	if (!g_cfg.etcd.empty()) {
 		const auto got = holders::get_etcd(etcd_list_options(), g_cfg.volume);
@@ -626,9 +834,8 @@ static int discover_donors()
 	g_servers = std::move(found->servers);
 	g_registered = std::move(found->registered);
 	if (g_servers.size() > Volume::kMaxServers) {
-		nbdkit_error("rdmaswap: warning: %zu memservers known, using the first %zu (the "
-			     "server= entries first)",
-			     g_servers.size(), Volume::kMaxServers);
+		warn("%zu memservers known, using the first %zu (the server= entries first)",
+		     g_servers.size(), Volume::kMaxServers);
 		g_servers.resize(Volume::kMaxServers);
 	}
 	if (g_cfg.replicas == 0)
@@ -671,6 +878,7 @@ int rdmaswap_get_ready()
 	// error at start). The others are only candidates for the donor set, known by their
 	// registration's hints, contacted if chosen.
 	size_t usable = 0;
+	std::vector<std::pair<std::string, std::string>> unreachable; // (name, why)
 	for (const auto &ep : g_servers) {
 		Membership::Candidate c;
 		c.ep = ep;
@@ -703,12 +911,20 @@ int rdmaswap_get_ready()
 		if (why.empty()) {
 			g_reachable.push_back(ep);
 			usable++;
-		} else {
-			nbdkit_error("rdmaswap: %smemserver %s is not reachable: %s",
-				     g_servers.size() > 1 ? "warning: " : "", ep.str().c_str(),
+		} else if (g_servers.size() == 1) {
+			nbdkit_error("rdmaswap: memserver %s is not reachable: %s", ep.str().c_str(),
 				     why.c_str());
+		} else {
+			unreachable.emplace_back(ep.str(), why);
 		}
 	}
+	// One line for them all (a record may name many donors gone for good).
+	if (unreachable.size() == 1)
+		warn("memserver %s is not reachable: %s", unreachable[0].first.c_str(),
+		     unreachable[0].second.c_str());
+	else if (!unreachable.empty())
+		warn("%zu memservers not reachable: %s", unreachable.size(),
+		     log_summary(unreachable).c_str());
 	if (usable < g_cfg.replicas) {
 		nbdkit_error("rdmaswap: %zu of %zu memservers reachable, replicas=%u needs %u",
 			     usable, g_servers.size(), g_cfg.replicas, g_cfg.replicas);
@@ -720,6 +936,36 @@ int rdmaswap_get_ready()
 		return -1;
 	}
 	return 0;
+}
+
+// The holders record stays bounded (issue 29): a host restarted many times over a day with new
+// donors each time would otherwise name every donor it ever used, and contact (probe) each of
+// them at every start. The record of this start keeps every donor of this run (plan.start);
+// of the recorded donors that could not be contacted now it keeps
+// - none with lease=0: nothing of the volume outlives a run (a donor frees it when its session
+//   ends), so they hold nothing of it;
+// - otherwise at most kMaxUncontacted, the first by name (the others may still hold slabs of
+//   an earlier run, which this run already counts as missing).
+static constexpr size_t kMaxUncontacted = 32;
+
+static void bound_holders(Membership::StartPlan &plan)
+{
+	std::vector<Endpoint> kept;
+	size_t uncontacted = 0, dropped = 0;
+	for (const auto &ep : plan.record) { // (sorted by name)
+		const bool contacted = std::any_of(plan.start.begin(), plan.start.end(),
+						   [&](const Membership::Start &s) { return s.ep == ep; });
+		if (!contacted && (g_cfg.lease == 0 || ++uncontacted > kMaxUncontacted)) {
+			dropped++;
+			continue;
+		}
+		kept.push_back(ep);
+	}
+	if (dropped)
+		logger("plugin")->info("the holders record drops {} donor(s) not contacted now ({})",
+				       dropped, g_cfg.lease == 0 ? "lease=0: they hold nothing of the volume"
+								 : "more than 32 such donors");
+	plan.record = std::move(kept);
 }
 
 // A session with memserver `ep` for the volume, with the plugin's settings (after the fork:
@@ -741,6 +987,7 @@ static std::unique_ptr<Server> connect_donor(const Endpoint &ep)
 
 int rdmaswap_after_fork()
 {
+	log_destination_after_fork();
 	// A swap server whose own pages can be swapped out deadlocks under pressure. nbdkit --swap
 	// locks memory; if it did not (or the locks were not kept), lock it here.
 	// (Only without a finite RLIMIT_MEMLOCK: under one, MCL_FUTURE would make later
@@ -753,10 +1000,9 @@ int rdmaswap_after_fork()
 			nbdkit_debug("rdmaswap: memory was not locked (nbdkit without --swap?): "
 				     "locked it with mlockall");
 		else
-			nbdkit_error("rdmaswap: warning: memory is not locked and mlockall failed "
-				     "(%s): run nbdkit with --swap and a sufficient RLIMIT_MEMLOCK "
-				     "before using this device as swap",
-				     unlimited ? std::strerror(errno) : "RLIMIT_MEMLOCK is limited");
+			warn("memory is not locked and mlockall failed (%s): run nbdkit with --swap "
+			     "and a sufficient RLIMIT_MEMLOCK before using this device as swap",
+			     unlimited ? std::strerror(errno) : "RLIMIT_MEMLOCK is limited");
 	}
 	// A swap device's server must not wait on memory reclaim that waits on it
 	// (PR_SET_IO_FLUSHER, Linux >= 5.6, needs CAP_SYS_RESOURCE). Inherited by the worker
@@ -769,8 +1015,8 @@ int rdmaswap_after_fork()
 	if (g_cfg.realtime) {
 		if (const auto why = set_realtime(int(g_cfg.realtime)); !why.empty()) {
 			if (g_cfg.realtime_set)
-				nbdkit_error("rdmaswap: warning: realtime=%u: %s (needs CAP_SYS_NICE)",
-					     g_cfg.realtime, why.c_str());
+				warn("realtime=%u: %s (needs CAP_SYS_NICE)", g_cfg.realtime,
+				     why.c_str());
 			else
 				nbdkit_debug("rdmaswap: %s (needs CAP_SYS_NICE)", why.c_str());
 		}
@@ -811,6 +1057,7 @@ int rdmaswap_after_fork()
 				     g_cfg.replicas, g_cfg.replicas);
 			return -1;
 		}
+		bound_holders(plan);
 		// The record before any slab or floor can go anywhere new.
 		if (g_recording)
 			if (const std::string why = write_holders(plan.record); !why.empty()) {
@@ -847,6 +1094,11 @@ int rdmaswap_after_fork()
 		for (const auto &c : g_candidates)
 			if (c.hint.total)
 				mo.hints.emplace_back(c.ep, c.hint);
+		if (g_throw_steps)
+			mo.fault = [left = g_throw_steps]() mutable {
+				if (left > 0 && left--)
+					throw std::out_of_range("test fault (RDMASWAP_TEST_THROW=membership)");
+			};
 		g_membership = std::make_unique<Membership>(*g_volume, connect_donor, std::move(mo),
 							    plan.start);
 		g_membership->start();
@@ -892,12 +1144,16 @@ int rdmaswap_can_fua(void *) { return NBDKIT_FUA_NATIVE; }
 
 int rdmaswap_pread(void *, void *buf, uint32_t count, uint64_t offset, uint32_t)
 {
-	return guarded("read", [&] { return g_volume->pread(buf, count, offset); });
+	const int err = g_volume->pread(buf, count, offset);
+	return err ? fail(err, "read") : 0;
 }
 
 int rdmaswap_pwrite(void *, const void *buf, uint32_t count, uint64_t offset, uint32_t)
 {
-	return guarded("write", [&] { return g_volume->pwrite(buf, count, offset); });
+	if (g_throw_writes.load(std::memory_order_relaxed) > 0 && g_throw_writes.fetch_sub(1) > 0)
+		throw std::runtime_error("test fault (RDMASWAP_TEST_THROW=write)");
+	const int err = g_volume->pwrite(buf, count, offset);
+	return err ? fail(err, "write") : 0;
 }
 
 int rdmaswap_flush(void *, uint32_t)
@@ -907,24 +1163,19 @@ int rdmaswap_flush(void *, uint32_t)
 
 int rdmaswap_trim(void *, uint32_t count, uint64_t offset, uint32_t)
 {
-	return guarded("trim", [&] { return g_volume->trim(count, offset); });
+	const int err = g_volume->trim(count, offset);
+	return err ? fail(err, "trim") : 0;
 }
 
 int rdmaswap_zero(void *, uint32_t count, uint64_t offset, uint32_t flags)
 {
 	const bool fast = flags & NBDKIT_FLAG_FAST_ZERO;
-	try {
-		const int err = g_volume->zero(count, offset, fast);
-		if (err == ENOTSUP && fast) {
-			nbdkit_set_error(ENOTSUP); // not an error: the client falls back to writing
-			return -1;
-		}
-		return err ? fail(err, "zero") : 0;
-	} catch (const std::exception &e) {
-		nbdkit_error("rdmaswap: zero: %s", e.what());
-		nbdkit_set_error(EIO);
+	const int err = g_volume->zero(count, offset, fast);
+	if (err == ENOTSUP && fast) {
+		nbdkit_set_error(ENOTSUP); // not an error: the client falls back to writing
 		return -1;
 	}
+	return err ? fail(err, "zero") : 0;
 }
 
 struct nbdkit_plugin make_plugin()
@@ -934,10 +1185,10 @@ struct nbdkit_plugin make_plugin()
 	p.longname = "rdmaswap remote-memory swap";
 	p.version = RDMASWAP_VERSION;
 	p.description = "Block device backed by remote memory (memservers over RDMA or TCP)";
-	p.load = rdmaswap_load;
-	p.unload = rdmaswap_unload;
-	p.config = rdmaswap_config;
-	p.config_complete = rdmaswap_config_complete;
+	p.load = Boundary<"load", rdmaswap_load>::call;
+	p.unload = Boundary<"unload", rdmaswap_unload>::call;
+	p.config = Boundary<"config", rdmaswap_config>::call;
+	p.config_complete = Boundary<"config_complete", rdmaswap_config_complete>::call;
 	p.config_help = "server=HOST[:PORT]  (repeatable) memserver address (server= or etcd=\n"
 			"                    is required)\n"
 			"etcd=URL[,URL...]   use the memservers registered in etcd, found at\n"
@@ -983,24 +1234,24 @@ struct nbdkit_plugin make_plugin()
 			"                    for a memserver (default auto: on with 8 or more\n"
 			"                    CPUs in nbdkit's affinity set)";
 	p.magic_config_key = "server";
-	p.dump_plugin = rdmaswap_dump_plugin;
-	p.get_ready = rdmaswap_get_ready;
-	p.after_fork = rdmaswap_after_fork;
-	p.open = rdmaswap_open;
-	p.get_size = rdmaswap_get_size;
-	p.block_size = rdmaswap_block_size;
-	p.can_multi_conn = rdmaswap_can_multi_conn;
-	p.can_trim = rdmaswap_can_trim;
-	p.can_zero = rdmaswap_can_zero;
-	p.can_fast_zero = rdmaswap_can_fast_zero;
-	p.can_flush = rdmaswap_can_flush;
-	p.can_fua = rdmaswap_can_fua;
-	p.is_rotational = rdmaswap_is_rotational;
-	p.pread = rdmaswap_pread;
-	p.pwrite = rdmaswap_pwrite;
-	p.flush = rdmaswap_flush;
-	p.trim = rdmaswap_trim;
-	p.zero = rdmaswap_zero;
+	p.dump_plugin = Boundary<"dump_plugin", rdmaswap_dump_plugin>::call;
+	p.get_ready = Boundary<"get_ready", rdmaswap_get_ready>::call;
+	p.after_fork = Boundary<"after_fork", rdmaswap_after_fork>::call;
+	p.open = Boundary<"open", rdmaswap_open>::call;
+	p.get_size = Boundary<"get_size", rdmaswap_get_size>::call;
+	p.block_size = Boundary<"block_size", rdmaswap_block_size>::call;
+	p.can_multi_conn = Boundary<"can_multi_conn", rdmaswap_can_multi_conn>::call;
+	p.can_trim = Boundary<"can_trim", rdmaswap_can_trim>::call;
+	p.can_zero = Boundary<"can_zero", rdmaswap_can_zero>::call;
+	p.can_fast_zero = Boundary<"can_fast_zero", rdmaswap_can_fast_zero>::call;
+	p.can_flush = Boundary<"can_flush", rdmaswap_can_flush>::call;
+	p.can_fua = Boundary<"can_fua", rdmaswap_can_fua>::call;
+	p.is_rotational = Boundary<"is_rotational", rdmaswap_is_rotational>::call;
+	p.pread = Boundary<"pread", rdmaswap_pread>::call;
+	p.pwrite = Boundary<"pwrite", rdmaswap_pwrite>::call;
+	p.flush = Boundary<"flush", rdmaswap_flush>::call;
+	p.trim = Boundary<"trim", rdmaswap_trim>::call;
+	p.zero = Boundary<"zero", rdmaswap_zero>::call;
 	return p;
 }
 

@@ -203,7 +203,7 @@ private:
 
 } // namespace
 
-int main(int argc, char **argv)
+static int run(int argc, char **argv)
 {
 	Options o;
 	CLI::App app{
@@ -268,4 +268,17 @@ int main(int argc, char **argv)
 	sim.run();
 	sim.report();
 	return 0;
+}
+
+// The program's exception boundary: what the command throws is reported, never std::terminate.
+int main(int argc, char **argv)
+{
+	try {
+		return run(argc, argv);
+	} catch (const std::exception &e) {
+		std::fprintf(stderr, "%s: %s\n", "placement-sim", e.what());
+	} catch (...) {
+		std::fprintf(stderr, "%s: unexpected failure\n", "placement-sim");
+	}
+	return 1;
 }

@@ -225,7 +225,7 @@ void print_sessions(Report &out, const std::vector<rdmaswap::proto::SessionEntry
 
 } // namespace
 
-int main(int argc, char **argv)
+static int run(int argc, char **argv)
 {
 	using namespace rdmaswap;
 	if (argc < 2 || (std::strcmp(argv[1], "status") != 0 && std::strcmp(argv[1], "giveback") != 0 &&
@@ -407,4 +407,17 @@ int main(int argc, char **argv)
 		out.end();
 	}
 	return rc;
+}
+
+// The program's exception boundary: what the command throws is reported, never std::terminate.
+int main(int argc, char **argv)
+{
+	try {
+		return run(argc, argv);
+	} catch (const std::exception &e) {
+		std::fprintf(stderr, "%s: %s\n", "rdmaswapctl", e.what());
+	} catch (...) {
+		std::fprintf(stderr, "%s: unexpected failure\n", "rdmaswapctl");
+	}
+	return 1;
 }

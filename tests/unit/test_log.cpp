@@ -8,6 +8,7 @@
 #include <atomic>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include <spdlog/sinks/sink.h>
@@ -200,4 +201,19 @@ TEST_CASE("logger: the default sink writes each message as one line", "[log]")
 	CHECK(second.find(" error [test-fd] zzz") == 23);
 	CHECK(second.size() < 1100);
 	CHECK(second.substr(second.size() - 5) == "z...\n");
+}
+
+TEST_CASE("log_summary: many failures as one line, the first few named", "[log]")
+{
+	using rdmaswap::log_summary;
+	using Items = std::vector<std::pair<std::string, std::string>>;
+	CHECK(log_summary(Items{}) == "");
+	CHECK(log_summary(Items{{"a:1", "refused"}}) == "a:1 (refused)");
+	CHECK(log_summary(Items{{"a:1", "refused"}, {"b:2", ""}}) == "a:1 (refused) and b:2");
+	CHECK(log_summary(Items{{"a", "x"}, {"b", "y"}, {"c", "z"}}) == "a (x), b (y) and c (z)");
+	Items many;
+	for (int i = 0; i < 19; i++)
+		many.emplace_back("h" + std::to_string(i), "refused");
+	const std::string s = log_summary(many, 3);
+	CHECK(s == "h0 (refused), h1 (refused), h2 (refused) and 16 more");
 }

@@ -3,6 +3,8 @@
 #include <catch2/catch.hpp>
 
 #include <algorithm>
+#include <atomic>
+#include <stdexcept>
 #include <map>
 #include <set>
 
@@ -127,4 +129,83 @@ TEST_CASE("membership: a start with a record contacts only its donors; missing c
 		CHECK(c.contacted == std::set<std::string>{"a", "b"});
 		CHECK(plan.missing == 0);
 	}
+}
+
+// Issue 29: a holders record that names donors no longer known (dead, never registered this
+// run) and a donor registered at runtime. step() records the new donor (keeping the unknown
+// ones, in name order) and connects it; it used to throw std::out_of_range (index_.at) on the
+// membership thread, where nothing caught it, and nbdkit aborted.
+TEST_CASE("membership: a record naming unknown donors is kept when a registered donor joins",
+	  "[membership]")
+{
+	quiet();
+	Cluster c{"a", "b", "c"};
+	std::vector<std::shared_ptr<FakeBackend>> start{c.backends.at("a"), c.backends.at("b")};
+	auto o = opts(4 * SS, 2);
+	o.replicas = 2;
+	auto v = make_volume(start, o);
+	std::vector<std::vector<Endpoint>> stored;
+	Membership::Options mo;
+	mo.spread = 0; // every registered donor wanted
+	mo.recorded = {Endpoint{"a", 7471}, Endpoint{"b", 7471}, Endpoint{"dead1", 7471},
+		       Endpoint{"dead2", 7471}};
+	mo.record = [&](const std::vector<Endpoint> &eps) {
+		stored.push_back(eps);
+		return std::string();
+	};
+	const std::vector<Membership::Start> st{{Endpoint{"a", 7471}, 0, true},
+						{Endpoint{"b", 7471}, 0, true}};
+	Membership m(*v, c.connect(), std::move(mo), st);
+	std::vector<discovery::Donor> reg(3);
+	reg[0].addr = Endpoint{"a", 7471};
+	reg[1].addr = Endpoint{"b", 7471};
+	reg[2].addr = Endpoint{"c", 7471};
+	for (auto &d : reg) {
+		d.slabs_total = 16;
+		d.slabs_free = 16;
+	}
+	m.set_registered(reg);
+
+	unsigned added = 0;
+	REQUIRE_NOTHROW(added = m.step());
+	CHECK(added == 1);
+	CHECK(c.contacted.count("c") == 1);
+	CHECK(v->servers() == 3);
+	REQUIRE(stored.size() == 1);
+	std::vector<std::string> got;
+	for (const auto &ep : stored[0])
+		got.push_back(ep.str());
+	// Every donor once, sorted by name; the unknown ones kept.
+	CHECK(got == std::vector<std::string>{"a:7471", "b:7471", "c:7471", "dead1:7471",
+					      "dead2:7471"});
+	// Nothing new: the record is not stored again.
+	REQUIRE_NOTHROW(m.step());
+	CHECK(stored.size() == 1);
+}
+
+// Issue 29: the step thread is an exception boundary. Steps that throw are caught (logged once)
+// and the thread carries on: a donor registered meanwhile is connected by a later step.
+TEST_CASE("membership: the step thread survives steps that throw", "[membership]")
+{
+	quiet();
+	Cluster c{"a", "b"};
+	auto o = opts(4 * SS, 2);
+	auto v = make_volume({c.backends.at("a")}, o);
+	Membership::Options mo;
+	mo.interval = std::chrono::milliseconds(20);
+	std::atomic<int> throws{3};
+	mo.fault = [&] {
+		if (throws.load() > 0 && throws.fetch_sub(1) > 0)
+			throw std::out_of_range("test fault");
+	};
+	const std::vector<Membership::Start> st{{Endpoint{"a", 7471}, 0, true}};
+	Membership m(*v, c.connect(), std::move(mo), st);
+	std::vector<discovery::Donor> reg(2);
+	reg[0].addr = Endpoint{"a", 7471};
+	reg[1].addr = Endpoint{"b", 7471};
+	m.set_registered(reg);
+	m.start();
+	CHECK(eventually([&] { return v->servers() == 2; }, std::chrono::seconds(5)));
+	CHECK(throws.load() <= 0);
+	m.stop();
 }
