@@ -157,8 +157,8 @@ Volume::Volume(std::vector<std::unique_ptr<Server>> servers, const VolumeOptions
 		throw;
 	}
 	wanted_.resize(max_servers_);
-	repair_thread_ = std::thread([this] { repair_loop(); });
-	poll_thread_ = std::thread([this] { poll_loop(); });
+	repair_thread_ = std::thread([this] { guarded("repair", [this] { repair_loop(); }); });
+	poll_thread_ = std::thread([this] { guarded("give-back poll", [this] { poll_loop(); }); });
 }
 
 void Volume::recover(unsigned missing)

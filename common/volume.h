@@ -471,6 +471,27 @@ private:
 	// The write path's fence: takes `maint` (bounded), then fence_slow. 0 or EIO.
 	int fence_write(uint64_t slab);
 	void repair_loop();
+	// A volume thread's exception boundary (docs/architecture.md, "Exception boundaries"):
+	// runs `loop` until it returns (at stop); an exception it throws is logged once per
+	// streak and the loop starts again a moment later, from the volume's state as it is
+	// (every lock it took is RAII; a copy it abandoned is started over). Never throws.
+	template <typename Loop> void guarded(const char *what, Loop loop) noexcept
+	{
+		for (bool failing = false; !stop_.load();) {
+			try {
+				loop();
+				return;
+			} catch (const std::exception &e) {
+				guard_failed(what, e.what(), failing);
+			} catch (...) {
+				guard_failed(what, "an unknown exception", failing);
+			}
+			failing = true;
+			std::unique_lock lock(repair_mu_);
+			repair_cv_.wait_for(lock, repair_interval_, [this] { return stop_.load(); });
+		}
+	}
+	void guard_failed(const char *what, const char *why, bool again) noexcept;
 	// Copy slab `slab` from replica `src` to a new replica on `dst` while the slab keeps
 	// serving (writes landing meanwhile are copied again), then switch over in a short
 	// exclusive section: `replace` (index into rep[] of the replica it replaces) or, if -1, as

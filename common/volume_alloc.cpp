@@ -155,7 +155,7 @@ int Volume::ensure_allocated(uint64_t first, uint64_t last)
 		if (st == -1)
 			return EIO; // lost at reattach: a write must not make the rest read zeros
 		// One allocation of this slab at a time; it may take a control call per donor.
-		if (st == -2 || !lock_maint(s, Clock::now() + 2 * timeout_)) {
+		if (st == -2 || !lock_maint(s, std::min(Clock::now() + 2 * timeout_, deadline()))) {
 			logger("volume")->error("slab {}: allocation timed out", slab);
 			return EIO;
 		}

@@ -414,6 +414,19 @@ bool Volume::repair(uint64_t slab, Channel &ch)
 	return changed;
 }
 
+void Volume::guard_failed(const char *what, const char *why, bool again) noexcept
+{
+	try {
+		if (again)
+			logger("volume")->debug("the {} thread failed again: {}", what, why);
+		else
+			logger("volume")->error("the {} thread failed: {}; it starts again (a bug: "
+						"please report it)",
+						what, why);
+	} catch (...) { // (logging itself failed: nothing more to do)
+	}
+}
+
 void Volume::repair_loop()
 {
 	auto log = logger("volume");

@@ -78,6 +78,10 @@ struct FakeBackend {
 	std::atomic<uint64_t> posted_reads{0}, posted_writes{0}, completes{0};
 	std::atomic<uint64_t> bytes_read{0}, bytes_written{0};
 	std::atomic<uint64_t> paths_opened{0};
+	// Server::housekeeping calls (the repair thread's, every pass), and how many of the next
+	// ones throw (a bug in the control path: the thread's exception boundary).
+	std::atomic<unsigned> housekeepings{0};
+	std::atomic<int> housekeeping_throws{0};
 	// The data path opened as number `down_path` (0-based, -1: none) is down in a backoff:
 	// not ready(), and its posts fail with EIO at once.
 	std::atomic<int> down_path{-1};
@@ -404,6 +408,12 @@ public:
 		return std::make_unique<FakeDataPath>(b_, region, index);
 	}
 	bool session_alive() const override { return !b_->lost.load() && !b_->closed.load(); }
+	void housekeeping() override
+	{
+		b_->housekeepings++;
+		if (b_->housekeeping_throws.fetch_sub(1) > 0)
+			throw std::runtime_error("fake: housekeeping throws");
+	}
 	bool close_if_idle() override
 	{
 		std::lock_guard lock(b_->mu);

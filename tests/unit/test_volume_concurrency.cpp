@@ -330,6 +330,30 @@ TEST_CASE("volume: a request ends within (kRequestWaits + 2) timeouts, however m
 	check_no_violations({a});
 }
 
+TEST_CASE("volume: an exception in the repair thread is caught, and the thread goes on",
+	  "[volume][concurrency][repair]")
+{
+	// Issue 29: no exception reaches std::terminate. The repair thread's pass throws (from
+	// Server::housekeeping) three times; the volume serves on, and the thread keeps passing
+	// and still repairs.
+	quiet();
+	auto bs = slow_donors(MiB);
+	auto o = opts(2 * MiB, 2);
+	o.replicas = 2;
+	o.repair_interval = std::chrono::milliseconds(5);
+	auto v = make_volume(bs, o);
+	for (auto &b : bs)
+		b->housekeeping_throws = 3;
+	Bytes shadow(2 * MiB);
+	REQUIRE(write_shadow(*v, shadow, pattern(2 * MiB, 10), 0) == 0);
+	CHECK(eventually([&] { return bs[0]->housekeepings.load() > 10; }));
+	CHECK(bs[0]->housekeeping_throws.load() < 0); // every throw happened
+	fullest(bs)->lose_session();
+	CHECK(eventually([&] { return v->stats().degraded == 0 && v->stats().repaired > 0; }));
+	CHECK(compare_all(*v, shadow) == -1);
+	check_no_violations(bs);
+}
+
 TEST_CASE("volume: a control call in flight holds up no I/O", "[volume][concurrency]")
 {
 	// Item 5: give_back held the slab exclusively through its FREE; the first write to a slab
