@@ -28,6 +28,7 @@
 #include <memory>
 #include <mutex>
 #include <string>
+#include <span>
 #include <string_view>
 #include <vector>
 
@@ -283,18 +284,35 @@ private:
 			replace_file(g_metricsfile, info.take() + g_volume->metrics_text());
 		}
 	}
-	// `path` holds `text`, or is left as it was. The temporary file (PATH.tmp) is in the
-	// same directory, so the rename is atomic; node_exporter's textfile collector reads
-	// only *.prom files, so it never sees it.
+	// `path` holds `text`, or is left as it was. The temporary file (PATH.tmp-RANDOM) is in
+	// the same directory, so the rename is atomic; node_exporter's textfile collector reads
+	// only *.prom files, so it never sees it. It is created new (O_EXCL) and never through
+	// a symbolic link (O_NOFOLLOW), so a link planted in the directory cannot make this
+	// process (root, often) write anywhere else; mode 0644, for the metrics collector.
 	static void replace_file(const std::string &path, const std::string &text)
 	{
-		const std::string tmp = path + ".tmp";
-		FILE *f = std::fopen(tmp.c_str(), "w");
-		if (!f)
+		uint64_t rnd = 0;
+		random_bytes(std::as_writable_bytes(std::span(&rnd, 1)));
+		char suffix[32];
+		std::snprintf(suffix, sizeof suffix, ".tmp-%016llx", (unsigned long long)rnd);
+		const std::string tmp = path + suffix;
+		const int fd = ::open(tmp.c_str(),
+				      O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0644);
+		if (fd < 0)
 			return;
-		const bool ok = std::fwrite(text.data(), 1, text.size(), f) == text.size();
-		if (std::fclose(f) == 0 && ok)
-			std::rename(tmp.c_str(), path.c_str());
+		size_t done = 0;
+		while (done < text.size()) {
+			const ssize_t n = ::write(fd, text.data() + done, text.size() - done);
+			if (n < 0 && errno == EINTR)
+				continue;
+			if (n <= 0)
+				break;
+			done += size_t(n);
+		}
+		if (::close(fd) == 0 && done == text.size() &&
+		    std::rename(tmp.c_str(), path.c_str()) == 0)
+			return;
+		::unlink(tmp.c_str());
 	}
 	std::mutex mu_;
 	std::condition_variable cv_;
