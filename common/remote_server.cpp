@@ -1,5 +1,6 @@
 // SPDX-License-Identifier: MIT
 // RemoteServer: session setup and the choice of data path.
+#include "common/err_text.h"
 #include "common/remote_server.h"
 
 #include <algorithm>
@@ -131,7 +132,7 @@ void RemoteServer::reconcile()
 		const int err = control_->free_slab(id);
 		logger("client")->warn("memserver {}: gave back slab {} granted by a request whose "
 				       "answer was lost: {}",
-				       name_, id, err ? std::strerror(err) : "done");
+				       name_, id, err ? err_text(err) : "done");
 	}
 }
 

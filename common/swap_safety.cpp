@@ -1,4 +1,5 @@
 // SPDX-License-Identifier: MIT
+#include "common/err_text.h"
 #include "common/swap_safety.h"
 
 #include <sched.h>
@@ -22,7 +23,7 @@ namespace rdmaswap {
 std::string set_io_flusher()
 {
 	if (prctl(PR_SET_IO_FLUSHER, 1, 0, 0, 0) != 0)
-		return std::string("PR_SET_IO_FLUSHER: ") + std::strerror(errno);
+		return std::string("PR_SET_IO_FLUSHER: ") + err_text(errno);
 	return {};
 }
 
@@ -32,7 +33,7 @@ std::string set_realtime(int priority)
 	sp.sched_priority = priority;
 	if (sched_setscheduler(0, SCHED_RR, &sp) != 0)
 		return "sched_setscheduler(SCHED_RR, " + std::to_string(priority) +
-		       "): " + std::strerror(errno);
+		       "): " + err_text(errno);
 	return {};
 }
 
@@ -41,9 +42,9 @@ std::string lock_memory_onfault()
 	// Two calls: MCL_FUTURE without MCL_CURRENT only changes the default for new mappings,
 	// so the pages locked by the first call stay populated.
 	if (mlockall(MCL_CURRENT) != 0)
-		return std::string("mlockall(MCL_CURRENT): ") + std::strerror(errno);
+		return std::string("mlockall(MCL_CURRENT): ") + err_text(errno);
 	if (mlockall(MCL_FUTURE | MCL_ONFAULT) != 0)
-		return std::string("mlockall(MCL_FUTURE|MCL_ONFAULT): ") + std::strerror(errno);
+		return std::string("mlockall(MCL_FUTURE|MCL_ONFAULT): ") + err_text(errno);
 	return {};
 }
 

@@ -2,6 +2,7 @@
 // Volume: placement, allocation of a slab's replicas on its first write, and giving slabs
 // back (trim). Control calls here run with no slab lock and no channel held; the slab's
 // `maint` lock orders them.
+#include "common/err_text.h"
 #include "common/volume.h"
 
 #include <cerrno>
@@ -188,12 +189,12 @@ int Volume::ensure_allocated(uint64_t first, uint64_t last)
 				logger("volume")->warn("cannot allocate slab {} on any memserver ({}): it "
 						       "is kept in the backup file alone until one has "
 						       "room",
-						       slab, std::strerror(err));
+						       slab, err_text(err));
 			kick_repair();
 			continue;
 		}
 		if (n == 0) {
-			logger("volume")->error("cannot allocate slab {}: {}", slab, std::strerror(err));
+			logger("volume")->error("cannot allocate slab {}: {}", slab, err_text(err));
 			return err == ENOSPC ? ENOSPC : EIO;
 		}
 		SlabGuard ex(s.mu, SlabGuard::Exclusive, deadline());
@@ -276,7 +277,7 @@ bool Volume::release_replica(const Replica &r)
 	}
 	if (int err = srv.free_slab(r.grant.id)) {
 		logger("volume")->warn("memserver {} did not take back slab {}: {}", srv.name(),
-				       r.grant.id, std::strerror(err));
+				       r.grant.id, err_text(err));
 		mark_down(r.server);
 		return false;
 	}

@@ -2,6 +2,7 @@
 // Volume: epochs and floors of bound volumes (docs/replication.md, "Restart"). A write taken
 // by fewer than `replicas` replicas is acknowledged only once the replicas that took it carry
 // an epoch above every other replica of the chunk, recorded as a floor on the other donors.
+#include "common/err_text.h"
 #include "common/volume.h"
 
 #include <algorithm>
@@ -91,7 +92,7 @@ int Volume::fence_slow(uint64_t slab)
 		if (r.epoch != target) {
 			if (int err = servers_[r.server]->set_tag(r.grant.id, slab, target)) {
 				logger("volume")->debug("slab {}: raising the epoch on {} failed: {}", slab,
-							servers_[r.server]->name(), std::strerror(err));
+							servers_[r.server]->name(), err_text(err));
 				if (sstate_[r.server].gen.load() == r.gen)
 					invalidate(r.server);
 				continue;
@@ -133,7 +134,7 @@ void Volume::record_floor(uint64_t slab, uint64_t epoch, std::span<const uint16_
 			// A witness that fails (or hangs for the timeout) is not asked again during
 			// its cooldown: the next degraded write must not wait on it too.
 			logger("volume")->debug("slab {}: floor on {} not recorded: {}", slab,
-						servers_[i]->name(), std::strerror(err));
+						servers_[i]->name(), err_text(err));
 			mark_down(uint16_t(i));
 		}
 	}

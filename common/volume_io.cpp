@@ -1,6 +1,7 @@
 // SPDX-License-Identifier: MIT
 // Volume: the I/O path (reads with failover, writes to every valid replica, trim, zero).
 // Nothing here allocates; every wait ends at the timeout.
+#include "common/err_text.h"
 #include "common/volume.h"
 
 #include <algorithm>
@@ -428,7 +429,7 @@ int Volume::write_chunk(Channel &ch, uint64_t at, uint32_t len, uint64_t *fence,
 	unlock_pieces(slabs_, pieces, n);
 	if (err)
 		logger("volume")->debug("write of {} bytes at {} failed: {}", len, at,
-					std::strerror(err));
+					err_text(err));
 	return err;
 }
 

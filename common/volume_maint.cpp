@@ -3,6 +3,7 @@
 // slabs their donor wants back (give-back), and the clone routine both use. A copy runs while
 // the slab keeps serving; writes landing meanwhile are tracked and copied again, and the
 // switch-over is a short exclusive section.
+#include "common/err_text.h"
 #include "common/volume.h"
 
 #include <algorithm>
@@ -346,7 +347,7 @@ void Volume::poll_loop()
 				logger("volume")->warn("give-back: polling memserver {} ({}) failed: {}",
 						       servers_[i]->name(),
 						       ask ? "which slabs it wants back" : "its free slabs",
-						       std::strerror(err));
+						       err_text(err));
 				mark_down(uint16_t(i));
 				continue;
 			}

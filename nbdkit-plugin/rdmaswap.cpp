@@ -41,6 +41,7 @@
 #include "common/deadline.h"
 #include "common/discovery.h"
 #include "common/donor_set.h"
+#include "common/err_text.h"
 #include "common/etcd.h"
 #include "common/holders.h"
 #include "common/log.h"
@@ -215,7 +216,7 @@ struct Config {
 	unsigned spread = DonorSet::kDefaultSpread; // spread=: donor set size; 0: every donor
 	unsigned idle_disconnect = 60; // idle-disconnect=SECONDS; 0: never
 	std::string holders_file; // the holders record (spread > 0): beside the volume key
-} g_cfg;
+} g_cfg; // NOLINT(cert-err58-cpp): its defaults allocate nothing; made at dlopen
 std::vector<Endpoint> g_servers;   // server= and the donors etcd (or its cache) gave
 std::vector<Endpoint> g_reachable; // servers that answered in get_ready
 // What the start knows of each donor (get_ready): its hint, whether it answered the probe (only
@@ -336,7 +337,7 @@ public:
 	ShutdownWatcher()
 	{
 		if (pipe2(pipe_, O_CLOEXEC | O_NONBLOCK) != 0)
-			throw std::runtime_error(std::string("pipe2: ") + std::strerror(errno));
+			throw std::runtime_error(std::string("pipe2: ") + err_text(errno));
 		g_quit_fd = pipe_[1];
 		for (size_t i = 0; i < std::size(kSignals); i++) {
 			struct sigaction &o = g_old[i];
@@ -406,7 +407,7 @@ std::unique_ptr<ShutdownWatcher> g_shutdown;
 
 int fail(int err, const char *what)
 {
-	nbdkit_error("rdmaswap: %s: %s", what, std::strerror(err));
+	nbdkit_error("rdmaswap: %s: %s", what, err_text(err));
 	nbdkit_set_error(err);
 	return -1;
 }
@@ -1020,7 +1021,7 @@ int rdmaswap_after_fork()
 		else
 			warn("memory is not locked and mlockall failed (%s): run nbdkit with --swap "
 			     "and a sufficient RLIMIT_MEMLOCK before using this device as swap",
-			     unlimited ? std::strerror(errno) : "RLIMIT_MEMLOCK is limited");
+			     unlimited ? err_text(errno) : "RLIMIT_MEMLOCK is limited");
 	}
 	// A swap device's server must not wait on memory reclaim that waits on it
 	// (PR_SET_IO_FLUSHER, Linux >= 5.6, needs CAP_SYS_RESOURCE). Inherited by the worker
@@ -1196,7 +1197,7 @@ int rdmaswap_zero(void *, uint32_t count, uint64_t offset, uint32_t flags)
 	return err ? fail(err, "zero") : 0;
 }
 
-struct nbdkit_plugin make_plugin()
+struct nbdkit_plugin make_plugin() noexcept
 {
 	struct nbdkit_plugin p = nbdkit_plugin();
 	p.name = "rdmaswap";

@@ -7,7 +7,7 @@ runtime=(nbdkit nbd-client rdma-core ibverbs-providers librdmacm1 libibverbs1 li
 	 iproute2 kmod libssl3 libmicrohttpd12 libcurl4)
 build=(gcc g++ meson ninja-build pkg-config nbdkit-plugin-dev libibverbs-dev librdmacm-dev
        libspdlog-dev libcli11-dev catch2 libssl-dev clang libclang-rt-14-dev libmicrohttpd-dev
-       libcurl4-openssl-dev nlohmann-json3-dev)
+       libcurl4-openssl-dev nlohmann-json3-dev clang-tidy)
 tests=(libnbd-bin python3-libnbd fio qemu-system-x86 linux-image-amd64 busybox-static cpio
        ibverbs-utils rdmacm-utils perftest procps psmisc util-linux python3
        systemd man-db groff-base cryptsetup-bin nftables python3-cryptography

@@ -72,7 +72,7 @@ struct Failure {
 {
 	std::string m = step;
 	if (err)
-		m += ": " + std::string(std::strerror(err)) + " (errno " + std::to_string(err) + ")";
+		m += ": " + std::string(strerrordesc_np(err) ? strerrordesc_np(err) : "unknown error") + " (errno " + std::to_string(err) + ")";
 	throw Failure{m};
 }
 

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "common/config.h"
+#include "common/err_text.h"
 #include "common/tcp/rpc.h"
 
 namespace {
@@ -325,7 +326,7 @@ static int run(int argc, char **argv)
 		struct stat st {};
 		FILE *f = std::fopen(path.c_str(), "r");
 		if (!f || fstat(fileno(f), &st) != 0) {
-			out.str("error", std::strerror(errno));
+			out.str("error", err_text(errno));
 			out.end();
 			if (f)
 				std::fclose(f);

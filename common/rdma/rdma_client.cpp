@@ -1,6 +1,7 @@
 // SPDX-License-Identifier: MIT
 // RDMA client: device context + PD + registered channel buffers (setup), and RdmaDataPath, an
 // RC QP doing one-sided READ/WRITE with preallocated work requests (data path).
+#include "common/err_text.h"
 #include "common/rdma/rdma_client.h"
 
 #include <fcntl.h>
@@ -235,7 +236,7 @@ void RdmaDataPath::connect()
 						 " does not know our session: its slabs are lost");
 		}
 		throw std::runtime_error("memserver " + ep_.str() + ": " + e.what() +
-					 (reject ? std::string(" (refused: ") + std::strerror(int(reject)) + ")"
+					 (reject ? std::string(" (refused: ") + err_text(int(reject)) + ")"
 						 : std::string()));
 	}
 }
@@ -312,7 +313,7 @@ int RdmaDataPath::wait(uint64_t seq)
 		else if (n == 0)
 			acct_.polls_empty.add();
 		if (n < 0)
-			return fail(EIO, "ibv_poll_cq", std::strerror(errno));
+			return fail(EIO, "ibv_poll_cq", err_text(errno));
 		bool done = false;
 		for (int i = 0; i < n; i++) {
 			if (wc[i].status != IBV_WC_SUCCESS)
@@ -332,7 +333,7 @@ int RdmaDataPath::wait(uint64_t seq)
 		if (!armed) {
 			acct_.arms.add();
 			if (ibv_req_notify_cq(cq_.get(), 0))
-				return fail(EIO, "ibv_req_notify_cq", std::strerror(errno));
+				return fail(EIO, "ibv_req_notify_cq", err_text(errno));
 			armed = true;
 			continue; // poll once more: a completion may have raced the arming
 		}
@@ -344,7 +345,7 @@ int RdmaDataPath::wait(uint64_t seq)
 		if (w == ETIMEDOUT)
 			continue; // the deadline check above reports it
 		if (w)
-			return fail(EIO, "poll(completion channel)", std::strerror(w));
+			return fail(EIO, "poll(completion channel)", err_text(w));
 		ibv_cq *ev_cq = nullptr;
 		void *ev_ctx = nullptr;
 		if (ibv_get_cq_event(comp_.get(), &ev_cq, &ev_ctx) == 0) {
@@ -370,7 +371,7 @@ int RdmaDataPath::complete()
 	acct_.doorbells.add();
 	ibv_send_wr *bad = nullptr;
 	if (int rc = ibv_post_send(qp_->qp, &wrs_[0], &bad))
-		fail(EIO, "ibv_post_send", std::strerror(rc));
+		fail(EIO, "ibv_post_send", err_text(rc));
 	else
 		wait(last.wr_id);
 	return end_batch();

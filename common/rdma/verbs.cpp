@@ -1,5 +1,6 @@
 // SPDX-License-Identifier: MIT
 // RAII deleters and bounded rdma_cm helpers.
+#include "common/err_text.h"
 #include "common/rdma/verbs.h"
 
 #include <fcntl.h>
@@ -19,7 +20,7 @@ namespace {
 void log_failure(const char *call, int rc)
 {
 	if (rc)
-		logger("rdma")->warn("{} failed: {}", call, std::strerror(rc > 0 ? rc : errno));
+		logger("rdma")->warn("{} failed: {}", call, err_text(rc > 0 ? rc : errno));
 }
 } // namespace
 
@@ -36,7 +37,7 @@ void QpDeleter::operator()(rdma_cm_id *id) const { rdma_destroy_qp(id); }
 
 std::string errno_text(const char *call)
 {
-	return std::string(call) + ": " + std::strerror(errno);
+	return std::string(call) + ": " + err_text(errno);
 }
 
 EventChannel make_event_channel()

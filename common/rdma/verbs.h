@@ -13,6 +13,8 @@
 #include <memory>
 #include <string>
 
+#include "common/err_text.h"
+
 namespace rdmaswap::rdma {
 
 struct EventChannelDeleter { void operator()(rdma_event_channel *p) const; };
@@ -66,7 +68,7 @@ struct RejectData {
 	uint32_t status = 0;
 };
 
-// "errno-style" text for a failed verbs/cm call: "<call>: <strerror(errno)>".
+// "errno-style" text for a failed verbs/cm call: "<call>: <err_text(errno)>".
 std::string errno_text(const char *call);
 
 } // namespace rdmaswap::rdma

@@ -1,5 +1,6 @@
 // SPDX-License-Identifier: MIT
 // Request/response bounded by a deadline per exchange; the control connection.
+#include "common/err_text.h"
 #include "common/tcp/rpc.h"
 
 #include <algorithm>
@@ -119,7 +120,7 @@ std::string connect_error_text(int err)
 		return "the memserver runs without authentication (--insecure) but we have an "
 		       "auth-key=: refusing an unauthenticated server";
 	default:
-		return std::strerror(err);
+		return err_text(err);
 	}
 }
 

@@ -2,6 +2,7 @@
 // TCP data path: several READ/WRITE requests in flight, from one or several paths (threads)
 // sharing a connection; replies matched by request id and received by whichever waiting
 // thread reads for all; a batch is bounded by one deadline from its first post.
+#include "common/err_text.h"
 #include "common/tcp/tcp_data_path.h"
 
 #include <sys/socket.h>
@@ -102,7 +103,7 @@ struct TcpDataPath::Link {
 		else
 			logger("tcp")->warn("{} failed: {}{}", name,
 					    cause == ETIMEDOUT ? "no complete answer within the timeout"
-							       : std::strerror(cause),
+							       : err_text(cause),
 					    writes_out ? " (with writes in flight: fencing it)" : "");
 		up = false;
 		gen++;
