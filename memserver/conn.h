@@ -70,6 +70,7 @@ struct Memserver::Conn {
 	bool eof = false;                    // the peer closed its side (or an error)
 	bool closing = false;                // close once the queued replies are flushed
 	bool parked = false;                 // a worker applies a control request of it
+	bool cut = false;                    // finished while parked (socket closed already)
 	size_t index = 0;                    // in the loop's connection list
 	// A WRITE whose payload is arriving: it goes to `dst` (the slab; null: dropped), and the
 	// reply (status `status`) is queued when `left` reaches 0.
@@ -222,17 +223,28 @@ private:
 			 const std::byte *payload = nullptr, uint32_t payload_len = 0,
 			 uint32_t slab = proto::kNoSlab);
 	void flush(Conn &c);
-	// Hand a control request to a worker; the connection is parked until it is back.
+	// A parked connection's socket is ready: send the replies queued before its control
+	// request (their slab accesses end as they go out); finish it if its peer is gone.
+	void flush_parked(Conn &c);
+	// Drop the queued replies, ending the slab accesses they hold.
+	void drop_replies(Conn &c);
+	// Hand a control request to a worker; the connection is parked until it is back. The
+	// loop still sends its queued replies and checks their deadlines meanwhile.
 	void park(Conn &c, const proto::Header &h, std::span<const std::byte> body);
 	// The worker is done with c's control request: queue its reply, go on with the input.
 	void unpark(Conn &c);
 	// Close once the queued replies are out (or at once if the peer is gone).
 	void close_after_flush(Conn &c) { c.closing = true; }
 	// Close now: open slab accesses ended, socket closed (with a reset if `reset`: a peer
-	// dropped for being slow), session left (on a worker).
+	// dropped for being slow), session left (on a worker). A parked connection is cut off:
+	// the same at once, but it leaves the loop's list (and its session is left) only when its
+	// worker hands it back.
 	void finish(Conn &c, bool reset = false);
-	// The deadlines of every connection (handshake, message, reply), every kTick.
+	// The deadlines of every connection (handshake, message, reply), every kTick; of a
+	// parked one, its queued replies'.
 	void check_deadlines();
+	// Its first queued reply was not taken within the message timeout: warn, finish.
+	void slow_reader(Conn &c);
 
 	Memserver &m_;
 	const unsigned index_;

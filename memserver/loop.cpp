@@ -139,12 +139,16 @@ void Memserver::Loop::take_handovers()
 	}
 	for (auto &cp : handover_) {
 		Conn &c = *cp;
-		if (c.done.load() || c.fd.get() < 0)
+		if (c.done.load() || (c.fd.get() < 0 && !c.cut))
 			continue; // closed meanwhile
 		if (c.parked) {
 			if (!c.ctl_done.load(std::memory_order_acquire))
 				continue; // a fence's hand-over: the worker's own comes later
 			unpark(c);
+		}
+		if (c.cut) { // finished while parked: its socket is closed already
+			finish(c);
+			continue;
 		}
 		if (c.fenced.load()) { // replaced by a reconnect: apply nothing more
 			logger("memserver")->debug("{}: closing a fenced connection", c.peer);
@@ -162,10 +166,10 @@ void Memserver::Loop::run()
 	auto next_tick = Clock::now() + kTick;
 	for (;;) {
 		if (m_.stop_.load()) {
-			// Close what is not parked; wait for the workers to hand back the rest.
+			// Close every connection; a parked one (its socket closed, its replies'
+			// slab accesses ended) leaves the list once its worker hands it back.
 			for (size_t i = conns_.size(); i-- > 0;)
-				if (!conns_[i]->parked)
-					finish(*conns_[i]);
+				finish(*conns_[i]);
 			if (conns_.empty()) {
 				std::lock_guard lock(mu_);
 				if (adopted_.empty() && woken_.empty())
@@ -198,6 +202,8 @@ void Memserver::Loop::run()
 				c->writable = true;
 			if (!c->parked)
 				serve(*c);
+			else
+				flush_parked(*c);
 		}
 		// Connections that had more to do than their turn allowed.
 		retry_.swap(again_);
@@ -602,6 +608,26 @@ void Memserver::Loop::flush(Conn &c)
 	}
 }
 
+void Memserver::Loop::flush_parked(Conn &c)
+{
+	// Only the replies queued before the control request: nothing more is read (the next
+	// request is applied after it), and the worker touches none of this.
+	flush(c);
+	if (c.eof)
+		finish(c); // gone: its replies dropped now, the socket closed once handed back
+}
+
+void Memserver::Loop::drop_replies(Conn &c)
+{
+	for (; c.tx_count; c.tx_count--, c.tx_head = (c.tx_head + 1) % Conn::kTxSlots) {
+		Conn::Tx &t = c.tx[c.tx_head];
+		if (t.slab != proto::kNoSlab)
+			m_.pool_.end_access(t.slab);
+		t = {};
+	}
+	c.tx_off = 0;
+}
+
 void Memserver::Loop::park(Conn &c, const proto::Header &h, std::span<const std::byte> body)
 {
 	c.parked = true;
@@ -610,7 +636,11 @@ void Memserver::Loop::park(Conn &c, const proto::Header &h, std::span<const std:
 		std::memcpy(c.ctl_body.data(), body.data(), body.size());
 	c.ctl_len = body.size();
 	std::shared_ptr<Conn> cp = conns_[c.index];
-	m_.workers_->submit([&m = m_, cp = std::move(cp)]() mutable {
+	// A client's handshake (HELLO, then BIND) never queues behind other control work.
+	const WorkerPool::Lane lane = h.op == proto::Op::Hello || h.op == proto::Op::Bind
+					      ? WorkerPool::Lane::Handshake
+					      : WorkerPool::Lane::Control;
+	m_.workers_->submit(lane, [&m = m_, cp = std::move(cp)]() mutable {
 		Conn &k = *cp;
 		std::unique_lock busy(k.busy);
 		Request r{k, k.ctl_h, std::span<const std::byte>(k.ctl_body.data(), k.ctl_len),
@@ -661,32 +691,34 @@ void Memserver::Loop::unpark(Conn &c)
 
 void Memserver::Loop::finish(Conn &c, bool reset)
 {
-	if (c.fd.get() < 0)
-		return;
-	if (c.parked) { // the worker hands it back; it is closed then
+	if (c.fd.get() >= 0) {
+		if (reset) {
+			// Dropped for being slow: a reset, so that what it did not take (megabytes
+			// of READ replies) is not kept sending at its pace after the close.
+			const linger l{1, 0};
+			setsockopt(c.fd.get(), SOL_SOCKET, SO_LINGER, &l, sizeof l);
+		}
+		if (c.payload.active && c.payload.slab != proto::kNoSlab)
+			m_.pool_.end_access(c.payload.slab);
+		c.payload = {};
+		drop_replies(c);
+		epoll_ctl(ep_.get(), EPOLL_CTL_DEL, c.fd.get(), nullptr);
+		c.fd.reset();
+		c.rx.reset();
+		logger("memserver")->debug("{}: connection closed", c.peer);
+	} else if (!c.cut) {
+		return; // finished already
+	}
+	if (c.parked) {
+		// A worker applies its control request (which may wait for these very accesses,
+		// or for its reply to be taken): its socket is closed and its accesses ended now,
+		// and the rest waits until the worker hands it back (take_handovers()).
+		c.cut = true;
 		c.closing = true;
 		c.eof = true;
 		return;
 	}
-	if (c.payload.active && c.payload.slab != proto::kNoSlab)
-		m_.pool_.end_access(c.payload.slab);
-	c.payload = {};
-	for (; c.tx_count; c.tx_count--, c.tx_head = (c.tx_head + 1) % Conn::kTxSlots) {
-		Conn::Tx &t = c.tx[c.tx_head];
-		if (t.slab != proto::kNoSlab)
-			m_.pool_.end_access(t.slab);
-		t = {};
-	}
-	epoll_ctl(ep_.get(), EPOLL_CTL_DEL, c.fd.get(), nullptr);
-	if (reset) {
-		// Dropped for being slow: a reset, so that what it did not take (megabytes of
-		// READ replies) is not kept sending at its pace after the close.
-		const linger l{1, 0};
-		setsockopt(c.fd.get(), SOL_SOCKET, SO_LINGER, &l, sizeof l);
-	}
-	c.fd.reset();
-	c.rx.reset();
-	logger("memserver")->debug("{}: connection closed", c.peer);
+	c.cut = false;
 	// Out of the list (the last one takes its place); kept alive until the end of the batch.
 	const size_t i = c.index;
 	dead_.push_back(std::move(conns_[i]));
@@ -704,8 +736,16 @@ void Memserver::Loop::check_deadlines()
 	const auto &o = m_.opts_;
 	for (size_t i = conns_.size(); i-- > 0;) {
 		Conn &c = *conns_[i];
-		if (c.parked)
-			continue; // a worker holds it; its own waits are bounded
+		// A parked connection: a worker applies its control request (its waits are
+		// bounded), and nothing is read meanwhile, so only the replies queued before it
+		// are checked: they hold slab accesses.
+		if (c.parked && (c.cut || !c.tx_count))
+			continue;
+		if (c.parked) {
+			if (now_ >= c.tx[c.tx_head].queued + o.message_timeout)
+				slow_reader(c);
+			continue;
+		}
 		if (c.session.load(std::memory_order_relaxed) == 0 &&
 		    now_ >= c.accepted + o.handshake_timeout) {
 			m_.warn_peer(PeerEvent::Slow, fmt::format("{}: handshake not finished within "
@@ -722,16 +762,20 @@ void Memserver::Loop::check_deadlines()
 						 ms(o.message_timeout)));
 			finish(c, true);
 		} else if (c.tx_count && now_ >= c.tx[c.tx_head].queued + o.message_timeout) {
-			// Every reply is taken whole within the message timeout of its queueing: a
-			// READ's access to its slab stays open no longer.
-			const auto op = proto::Op(uint8_t(c.tx[c.tx_head].head[5]));
-			m_.warn_peer(PeerEvent::Slow,
-				     fmt::format("{}: {} reply not taken within {} ms (slow reader); "
-						 "disconnecting",
-						 c.peer, proto::op_name(op), ms(o.message_timeout)));
-			finish(c, true);
+			slow_reader(c);
 		}
 	}
+}
+
+void Memserver::Loop::slow_reader(Conn &c)
+{
+	// Every reply is taken whole within the message timeout of its queueing: a READ's
+	// access to its slab stays open no longer, parked or not.
+	const auto op = proto::Op(uint8_t(c.tx[c.tx_head].head[5]));
+	m_.warn_peer(PeerEvent::Slow,
+		     fmt::format("{}: {} reply not taken within {} ms (slow reader); disconnecting",
+				 c.peer, proto::op_name(op), ms(m_.opts_.message_timeout)));
+	finish(c, true);
 }
 
 } // namespace rdmaswap

@@ -49,8 +49,8 @@ int main(int argc, char **argv)
 	app.add_option("--threads", opts.threads,
 		       "event loops serving TCP connections (default: one per CPU, at most 16)");
 	app.add_option("--workers", opts.workers,
-		       "threads for blocking requests: registration, zeroing, session changes "
-		       "(default 4)");
+		       "threads for blocking requests: registration, session changes (default 4; "
+		       "one more serves handshakes only, and one zeroes freed slabs)");
 	app.add_option("--auth-key", key_files,
 		       "file with the cluster's shared key (mode 600); give it twice to accept "
 		       "an old and a new key during a rotation");

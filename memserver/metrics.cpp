@@ -25,6 +25,10 @@ std::string Memserver::metrics_text() const
 	m.sample("rdmaswap_memserver_slabs", {{"state", "free"}}, uint64_t(s.slabs.free));
 	m.sample("rdmaswap_memserver_slabs", {{"state", "used"}}, used);
 	m.sample("rdmaswap_memserver_slabs", {{"state", "withdrawn"}}, uint64_t(s.slabs.withdrawn));
+	m.single("rdmaswap_memserver_slabs_zeroing", "gauge",
+		 "Released slabs not yet zeroed by the scrubber thread (counted as free, or as "
+		 "withdrawn if wanted back); a slab whose accesses are still open waits for them.",
+		 s.slabs.zeroing);
 	m.single("rdmaswap_memserver_giveback_pending_slabs", "gauge",
 		 "Granted slabs wanted back (give-back), waiting for their client to move them.",
 		 s.slabs.wanted);

@@ -26,6 +26,7 @@
 #include "memserver/server.h"
 #include "memserver/sessions.h"
 #include "memserver/slab_pool.h"
+#include "memserver/workers.h"
 
 namespace rdmaswap {
 
@@ -339,15 +340,17 @@ void RdmaService::Impl::loop()
 		std::unique_ptr<Conn> gone;
 		switch (ev->event) {
 		case RDMA_CM_EVENT_CONNECT_REQUEST: {
-			// To a worker: joining may register every slab of the session in a new PD,
-			// which must not hold up the other connections' events.
+			// To a worker, in the handshake lane (never behind other control work):
+			// joining may register every slab of the session in a new PD, which must
+			// not hold up the other connections' events.
 			ConnectRequest req;
 			req.id = ev->id;
 			req.has_data = ev->param.conn.private_data_len >= sizeof req.cd;
 			if (req.has_data)
 				std::memcpy(&req.cd, ev->param.conn.private_data, sizeof req.cd);
 			req.responder_resources = ev->param.conn.responder_resources;
-			workers.submit([this, req] { on_connect_request(req); });
+			workers.submit(WorkerPool::Lane::Handshake,
+				       [this, req] { on_connect_request(req); });
 			break;
 		}
 		case RDMA_CM_EVENT_ESTABLISHED: {
@@ -379,6 +382,7 @@ void RdmaService::Impl::loop()
 			gone.reset();
 			log->debug("RDMA QP of session {:016x} closed", leave.back());
 		}
+		// Cheap: an ended session's slabs are zeroed by the pool's scrubber, not here.
 		for (uint64_t s : leave)
 			owner.leave_session(s); // may call end_session, which takes `mu`
 	}

@@ -330,8 +330,9 @@ void Memserver::run()
 	if (opts_.reserve)
 		reserve_thread_ = std::thread([this] { reserve_loop(); });
 	lease_thread_ = std::thread([this] { lease_loop(); });
-	logger("memserver")->info("serving TCP with {} event loop(s) and {} worker(s)", n,
-				  workers_->threads());
+	logger("memserver")->info("serving TCP with {} event loop(s) and {} worker(s) (+1 for "
+				  "handshakes only)",
+				  n, workers_->threads());
 	notify_ready();
 	accept_loop();
 	// Every loop closes its connections; then the workers finish what they were given

@@ -2,9 +2,10 @@
 // The memserver: slab pool + sessions + TCP control/data service (+ the RDMA service when
 // enabled). One thread accepts and hands each TCP connection to one of a few event loops
 // (--threads); a loop serves its connections as non-blocking state machines, and a small
-// worker pool does the blocking work (registration, zeroing, session transitions), so the
-// thread count does not grow with the connections and a slow or hostile client holds only its
-// own connection. A connection must authenticate (AUTH, AUTH_PROOF) before any other request,
+// worker pool does the blocking work (registration, session transitions; handshakes in a lane
+// of their own), so the thread count does not grow with the connections and a slow or hostile
+// client holds only its own connection. Released slabs are zeroed by the pool's scrubber
+// thread, never by a worker. A connection must authenticate (AUTH, AUTH_PROOF) before any other request,
 // and finish the handshake (through HELLO) within a time bound; a message that has started
 // must arrive whole, and a reply be taken whole, within --message-timeout.
 // docs/architecture.md ("Concurrency model: memserver") has the threads and the lock order.
@@ -48,7 +49,8 @@ struct MemserverOptions {
 	unsigned max_connections = 256;
 	// --threads: event loops serving the TCP connections (0: one per CPU, at most 16).
 	unsigned threads = 0;
-	// --workers: threads for the blocking requests (ALLOC, FREE, HELLO, BIND, lists, ...).
+	// --workers: threads for the blocking requests (ALLOC, FREE, HELLO, BIND, lists, ...);
+	// one more takes handshakes only (WorkerPool::Lane).
 	unsigned workers = 4;
 	bool lock_memory = true;
 	// One key, or two during a key rotation. Empty only with `insecure` (no authentication).

@@ -1,7 +1,9 @@
 // SPDX-License-Identifier: MIT
-// SlabPool: preallocated, locked memory with per-slab ownership.
+// SlabPool: preallocated, locked memory with per-slab ownership; the scrubber thread zeroes
+// released slabs.
 #include "memserver/slab_pool.h"
 
+#include <pthread.h>
 #include <sys/mman.h>
 #include <sys/resource.h>
 
@@ -10,7 +12,13 @@
 #include <stdexcept>
 #include <string>
 
+#include "common/swap_safety.h"
+
 namespace rdmaswap {
+
+namespace {
+constexpr size_t npos = ~size_t(0);
+} // namespace
 
 SlabPool::SlabPool(uint64_t capacity, uint64_t slab_size, bool lock)
 	: capacity_(capacity), slab_size_(slab_size), lock_(lock)
@@ -46,23 +54,37 @@ SlabPool::SlabPool(uint64_t capacity, uint64_t slab_size, bool lock)
 	}
 	slabs_ = std::make_unique<Slab[]>(nslabs_);
 	free_.reserve(nslabs_);
+	dirty_.reserve(nslabs_);
 	flags_.assign(nslabs_, 0);
 	for (uint32_t i = nslabs_; i-- > 0;)
 		free_.push_back(i);
 	publish();
+	scrubber_ = std::thread([this] {
+		prefault_stack();
+		pthread_setname_np(pthread_self(), "rdmaswap-scrub");
+		scrub_loop();
+	});
 }
 
 SlabPool::~SlabPool()
 {
+	{
+		std::lock_guard lock(mu_);
+		stop_ = true;
+	}
+	scrub_cv_.notify_all();
+	if (scrubber_.joinable())
+		scrubber_.join();
 	if (base_)
 		munmap(base_, capacity_);
 }
 
 void SlabPool::publish()
 {
-	free_n_.store(uint32_t(free_.size()), std::memory_order_relaxed);
+	free_n_.store(uint32_t(free_.size()) + pending_, std::memory_order_relaxed);
 	withdrawn_n_.store(withdrawn_, std::memory_order_relaxed);
 	wanted_n_.store(wanted_, std::memory_order_relaxed);
+	zeroing_n_.store(uint32_t(dirty_.size()) + scrubbing_, std::memory_order_relaxed);
 }
 
 SlabPool::Counts SlabPool::counts() const
@@ -72,27 +94,70 @@ SlabPool::Counts SlabPool::counts() const
 	c.free = free_n_.load(std::memory_order_relaxed);
 	c.withdrawn = withdrawn_n_.load(std::memory_order_relaxed);
 	c.wanted = wanted_n_.load(std::memory_order_relaxed);
+	c.zeroing = zeroing_n_.load(std::memory_order_relaxed);
 	return c;
 }
 
 uint32_t SlabPool::slabs_free() const
 {
 	std::lock_guard lock(mu_);
-	return uint32_t(free_.size());
+	return uint32_t(free_.size()) + pending_;
+}
+
+size_t SlabPool::ready_dirty(uint8_t flags) const
+{
+	// A slab is released (owner kReleasing) before it is put here, so an access that starts
+	// later is refused and touches nothing; one that passed the owner check before counts
+	// itself first, so a zero count here means no access to the slab is open.
+	for (size_t i = 0; i < dirty_.size(); i++)
+		if (flags_[dirty_[i]] == flags && slabs_[dirty_[i]].inflight.load() == 0)
+			return i;
+	return npos;
+}
+
+uint32_t SlabPool::take_dirty(size_t i)
+{
+	const uint32_t id = dirty_[i];
+	dirty_[i] = dirty_.back();
+	dirty_.pop_back();
+	return id;
 }
 
 std::optional<uint32_t> SlabPool::allocate(uint64_t owner)
 {
 	if (owner == 0 || owner == kReleasing)
 		return std::nullopt;
-	std::lock_guard lock(mu_);
-	if (free_.empty())
-		return std::nullopt;
-	const uint32_t id = free_.back();
-	free_.pop_back();
-	publish();
-	slabs_[id].owner.store(owner);
-	return id;
+	std::unique_lock lock(mu_);
+	const auto deadline = std::chrono::steady_clock::now() + kAllocWait;
+	for (;;) {
+		if (!free_.empty()) {
+			const uint32_t id = free_.back();
+			free_.pop_back();
+			publish();
+			slabs_[id].owner.store(owner);
+			return id;
+		}
+		// None zeroed: zero a released one here rather than wait for the scrubber.
+		if (const size_t i = ready_dirty(0); i != npos) {
+			const uint32_t id = take_dirty(i);
+			pending_--;
+			scrubbing_++;
+			publish();
+			lock.unlock();
+			wipe(id);
+			lock.lock();
+			scrubbing_--;
+			slabs_[id].tag = Tag{};
+			publish();
+			done_cv_.notify_all();
+			slabs_[id].owner.store(owner);
+			return id;
+		}
+		// The scrubber is zeroing one (or dropping one): it is back within one wipe.
+		if (scrubbing_ == 0 ||
+		    done_cv_.wait_until(lock, deadline) == std::cv_status::timeout)
+			return std::nullopt;
+	}
 }
 
 void SlabPool::wipe(uint32_t id)
@@ -107,42 +172,75 @@ bool SlabPool::release(uint32_t id, uint64_t owner)
 	if (id >= nslabs_ || owner == 0)
 		return false;
 	uint64_t expected = owner;
+	// One release per slab: the exchange admits one. From here every new access is refused.
 	if (!slabs_[id].owner.compare_exchange_strong(expected, kReleasing))
 		return false;
-	// Accesses that passed the ownership check before we marked the slab finish first. Sleep
-	// until the count drops to zero: the flag tells the last end_access() to wake us. (Only
-	// one release() per slab at a time: the owner exchange above admits one.)
-	std::atomic<uint32_t> &inflight = slabs_[id].inflight;
-	for (uint32_t v = inflight.fetch_or(kReleaseWaits) | kReleaseWaits; v != kReleaseWaits;
-	     v = inflight.load())
-		inflight.wait(v);
-	inflight.fetch_and(~kReleaseWaits);
-	bool wanted;
 	{
+		std::lock_guard lock(mu_);
 		// withdraw() marks slabs under mu_ and skips those being released, so the flag
-		// read here is final.
-		std::lock_guard lock(mu_);
-		wanted = flags_[id] & kWanted;
-		if (wanted)
+		// read here is final. Wanted back: out of the pool (counted withdrawn from now)
+		// instead of onto the free list.
+		if (flags_[id] & kWanted) {
 			flags_[id] = kTransit;
-	}
-	if (wanted) { // wanted back: out of the pool instead of onto the free list
-		drop_pages(id);
-		slabs_[id].owner.store(0);
-		std::lock_guard lock(mu_);
-		flags_[id] = kWithdrawn;
-		wanted_--;
-		withdrawn_++;
+			wanted_--;
+			withdrawn_++;
+		} else {
+			pending_++;
+		}
+		slabs_[id].tag = Tag{};
+		dirty_.push_back(id); // reserved: no allocation
 		publish();
-		return true;
 	}
-	wipe(id);
-	std::lock_guard lock(mu_);
-	slabs_[id].tag = Tag{};
-	slabs_[id].owner.store(0);
-	free_.push_back(id);
-	publish();
+	scrub_cv_.notify_one();
 	return true;
+}
+
+void SlabPool::scrub_loop()
+{
+	std::unique_lock lock(mu_);
+	while (!stop_) {
+		size_t i = ready_dirty(0);
+		if (i == npos)
+			i = ready_dirty(kTransit);
+		if (i == npos) {
+			// Nothing, or only slabs whose accesses are still open (a slow reader's
+			// replies: at most the message timeout), which are looked at again soon.
+			if (dirty_.empty())
+				scrub_cv_.wait(lock);
+			else
+				scrub_cv_.wait_for(lock, kAccessPoll);
+			continue;
+		}
+		const uint32_t id = take_dirty(i);
+		const bool drop = flags_[id] == kTransit;
+		scrubbing_++;
+		publish();
+		lock.unlock();
+		// Zeroed before anyone else can be granted it; a wanted slab's pages go back to the
+		// kernel (they read as zeros after).
+		if (drop)
+			drop_pages(id);
+		else
+			wipe(id);
+		lock.lock();
+		scrubbing_--;
+		slabs_[id].owner.store(0);
+		if (drop) {
+			flags_[id] = kWithdrawn;
+		} else {
+			pending_--;
+			free_.push_back(id);
+		}
+		publish();
+		done_cv_.notify_all();
+	}
+}
+
+bool SlabPool::settle(std::chrono::steady_clock::time_point deadline) const
+{
+	std::unique_lock lock(mu_);
+	return done_cv_.wait_until(lock, deadline,
+				   [this] { return dirty_.empty() && scrubbing_ == 0; });
 }
 
 uint32_t SlabPool::release_all(uint64_t owner)
@@ -196,6 +294,7 @@ SlabPool::Withdrawal SlabPool::withdraw(uint32_t n)
 	std::lock_guard resize(resize_mu_);
 	Withdrawal w;
 	std::vector<uint32_t> drop;
+	uint32_t dropped_dirty = 0;
 	{
 		std::lock_guard lock(mu_);
 		while (drop.size() < n && !free_.empty()) {
@@ -205,7 +304,18 @@ SlabPool::Withdrawal SlabPool::withdraw(uint32_t n)
 			withdrawn_++;
 			drop.push_back(id);
 		}
-		for (uint32_t i = nslabs_; i-- > 0 && drop.size() + w.wanted < n;) {
+		// Released slabs the scrubber has not zeroed yet: it drops them instead.
+		for (uint32_t id : dirty_) {
+			if (drop.size() + dropped_dirty >= n)
+				break;
+			if (flags_[id] != 0)
+				continue;
+			flags_[id] = kTransit;
+			pending_--;
+			withdrawn_++;
+			dropped_dirty++;
+		}
+		for (uint32_t i = nslabs_; i-- > 0 && drop.size() + dropped_dirty + w.wanted < n;) {
 			const uint64_t o = slabs_[i].owner.load();
 			if (o == 0 || o == kReleasing || flags_[i] != 0)
 				continue;
@@ -220,7 +330,7 @@ SlabPool::Withdrawal SlabPool::withdraw(uint32_t n)
 	std::lock_guard lock(mu_);
 	for (uint32_t id : drop)
 		flags_[id] = kWithdrawn;
-	w.now = uint32_t(drop.size());
+	w.now = uint32_t(drop.size()) + dropped_dirty;
 	return w;
 }
 

@@ -1,15 +1,19 @@
 // SPDX-License-Identifier: MIT
 // The memserver's memory: its whole capacity mapped, populated and locked at start, cut into
 // slabs that are granted to sessions. Data-path checks are lock-free; grants take a mutex.
+// A released slab is zeroed by the pool's own thread (the scrubber), never by the releaser.
 // Slabs can be withdrawn (given back to the host's kernel) and restored later.
 #pragma once
 
 #include <atomic>
+#include <chrono>
+#include <condition_variable>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <thread>
 #include <vector>
 
 namespace rdmaswap {
@@ -17,10 +21,11 @@ namespace rdmaswap {
 class SlabPool {
 public:
 	// Maps `capacity` bytes (a multiple of `slab_size`, a power of two >= 64 KiB), populates
-	// and mlocks them. With lock=false the memory is not locked (unit tests only). Throws
-	// std::runtime_error; if locking fails because of RLIMIT_MEMLOCK the message says how to
-	// raise it.
+	// and mlocks them, and starts the scrubber thread. With lock=false the memory is not
+	// locked (unit tests only). Throws std::runtime_error; if locking fails because of
+	// RLIMIT_MEMLOCK the message says how to raise it.
 	SlabPool(uint64_t capacity, uint64_t slab_size, bool lock = true);
+	// Stops the scrubber (slabs still waiting for it are not zeroed: the mapping goes).
 	~SlabPool();
 	SlabPool(const SlabPool &) = delete;
 	SlabPool &operator=(const SlabPool &) = delete;
@@ -28,18 +33,32 @@ public:
 	uint64_t capacity() const { return capacity_; }
 	uint64_t slab_size() const { return slab_size_; }
 	uint32_t slabs_total() const { return nslabs_; }
+	// Free slabs, counting the released ones the scrubber has not zeroed yet (they are
+	// granted once zeroed; see allocate()).
 	uint32_t slabs_free() const;
 	std::byte *slab_base(uint32_t id) const { return base_ + uint64_t(id) * slab_size_; }
 	std::byte *base() const { return base_; }
 
-	// Grant a zeroed slab to `owner` (non-zero). nullopt when none is free.
+	// Grant a zeroed slab to `owner` (non-zero). When no zeroed slab is free, a released one
+	// whose accesses have ended is zeroed here, by the caller (one slab: bounded), rather than
+	// waiting for the scrubber; if there is none but the scrubber is zeroing one, waits for it
+	// (at most kAllocWait). nullopt when none is free.
 	std::optional<uint32_t> allocate(uint64_t owner);
-	// Take back a slab `owner` holds: waits for its in-flight accesses (asleep, woken by the
-	// last end_access(); a TCP access lasts at most the memserver's message deadline), zeroes
-	// it, frees it. False if `owner` does not hold it.
+	// Take back a slab `owner` holds, at once: it never waits. From its return no new access
+	// to the slab succeeds; the scrubber zeroes it (or, if it is wanted back, drops its pages)
+	// and frees it once its in-flight accesses have ended, so memory still being read or
+	// written by a connection is never zeroed or granted again. (A TCP access lasts at most
+	// the memserver's message timeout: the event loops end it then.) False if `owner` does
+	// not hold it.
 	bool release(uint32_t id, uint64_t owner);
-	// Release every slab `owner` holds; returns how many.
+	// Release every slab `owner` holds; returns how many. Never waits, as release().
 	uint32_t release_all(uint64_t owner);
+	// Wait until every slab released so far has been zeroed (or dropped) and is back in the
+	// pool, or until `deadline`; false at the deadline. Tests and diagnostics: no request
+	// needs it.
+	bool settle(std::chrono::steady_clock::time_point deadline) const;
+	// At most this long allocate() waits for the scrubber to finish the slab it is zeroing.
+	static constexpr std::chrono::milliseconds kAllocWait{2000};
 	bool owns(uint32_t id, uint64_t owner) const;
 	// The slabs `owner` holds (control path).
 	std::vector<uint32_t> owned_by(uint64_t owner) const;
@@ -78,8 +97,10 @@ public:
 	uint32_t slabs_wanted() const;
 	// The counts above without a lock (for the metrics endpoint): each is exact when it was
 	// published, under the pool's mutex, but they may come from different moments.
+	// `zeroing`: released slabs the scrubber has not yet zeroed or dropped (counted in
+	// `free`, or in `withdrawn` for those wanted back).
 	struct Counts {
-		uint32_t total = 0, free = 0, withdrawn = 0, wanted = 0;
+		uint32_t total = 0, free = 0, withdrawn = 0, wanted = 0, zeroing = 0;
 	};
 	Counts counts() const;
 
@@ -87,28 +108,34 @@ public:
 	// holds, and counts an in-flight access that end_access() must close. nullptr if the slab
 	// is not owner's or the range is outside it. No lock, no allocation.
 	std::byte *begin_access(uint32_t id, uint64_t owner, uint64_t off, uint64_t len);
-	// Close an access. The last one out wakes a release() waiting for it; with no release
-	// waiting it is one atomic decrement (no lock, no allocation, no system call).
-	void end_access(uint32_t id)
-	{
-		if (slabs_[id].inflight.fetch_sub(1) == (kReleaseWaits | 1))
-			slabs_[id].inflight.notify_all();
-	}
+	// Close an access: one atomic decrement (no lock, no allocation, no system call). The
+	// scrubber sees the count drop to zero when it next looks (kAccessPoll).
+	void end_access(uint32_t id) { slabs_[id].inflight.fetch_sub(1); }
 
 private:
 	struct Slab {
-		std::atomic<uint64_t> owner{0}; // 0: free; kReleasing while being zeroed
-		// In-flight accesses, plus kReleaseWaits while a release() waits for them to end.
-		std::atomic<uint32_t> inflight{0};
+		// 0: free; kReleasing from release() until it is zeroed and free (or withdrawn)
+		std::atomic<uint64_t> owner{0};
+		std::atomic<uint32_t> inflight{0}; // in-flight accesses
 		Tag tag; // guarded by mu_ (control path only)
 	};
 	static constexpr uint64_t kReleasing = ~uint64_t(0);
-	static constexpr uint32_t kReleaseWaits = uint32_t(1) << 31;
-	// Give-back state of a slab (flags_, under mu_).
+	// Give-back state of a slab (flags_, under mu_). A released slab waiting for the
+	// scrubber has 0 (to be zeroed and freed) or kTransit (to be dropped and withdrawn).
 	static constexpr uint8_t kWanted = 1;    // granted, to be withdrawn at its release
 	static constexpr uint8_t kWithdrawn = 2; // out of the pool, pages released
 	static constexpr uint8_t kTransit = 4;   // out of the pool, being withdrawn or restored
+	// How often the scrubber looks again at released slabs whose accesses are still open.
+	static constexpr std::chrono::milliseconds kAccessPoll{10};
 	void wipe(uint32_t id);
+	// The scrubber thread: zeroes (or drops) released slabs whose accesses have ended and
+	// puts them back, until stop_.
+	void scrub_loop();
+	// Under mu_: the index in dirty_ of a slab with no access open and flags_ `flags`, or
+	// npos.
+	size_t ready_dirty(uint8_t flags) const;
+	// Under mu_: take dirty_[i] out of the list.
+	uint32_t take_dirty(size_t i);
 	// Unlock slab `id`'s pages and give them back to the kernel (they read as zeros after).
 	void drop_pages(uint32_t id);
 
@@ -118,15 +145,24 @@ private:
 	std::byte *base_ = nullptr;
 	std::unique_ptr<Slab[]> slabs_;
 	bool lock_;
-	mutable std::mutex mu_; // guards free_, the tags, flags_ and the counts below
-	std::vector<uint32_t> free_;
+	mutable std::mutex mu_; // guards free_, dirty_, the tags, flags_ and the counts below
+	std::vector<uint32_t> free_;  // zeroed, grantable
+	// Released, owner kReleasing, not yet taken by the scrubber (capacity nslabs_: a push
+	// never allocates).
+	std::vector<uint32_t> dirty_;
 	std::vector<uint8_t> flags_;
 	uint32_t withdrawn_ = 0, wanted_ = 0;
-	// Copies of free_.size(), withdrawn_ and wanted_ for counts(), stored by publish()
-	// (called under mu_ after each change).
-	std::atomic<uint32_t> free_n_{0}, withdrawn_n_{0}, wanted_n_{0};
+	uint32_t pending_ = 0;   // released slabs on their way to free_ (in dirty_ or being zeroed)
+	uint32_t scrubbing_ = 0; // taken from dirty_ and being zeroed or dropped now
+	bool stop_ = false;
+	std::condition_variable scrub_cv_;        // the scrubber: new work, or stop_
+	mutable std::condition_variable done_cv_; // a slab came back (allocate(), settle())
+	// Copies of free_.size() + pending_, withdrawn_, wanted_ and dirty_.size() + scrubbing_
+	// for counts(), stored by publish() (called under mu_ after each change).
+	std::atomic<uint32_t> free_n_{0}, withdrawn_n_{0}, wanted_n_{0}, zeroing_n_{0};
 	void publish();
 	std::mutex resize_mu_; // serialises withdraw() and restore()
+	std::thread scrubber_; // last: started once the rest is made
 };
 
 } // namespace rdmaswap

@@ -1,6 +1,8 @@
 // SPDX-License-Identifier: MIT
-// WorkerPool: a mutex-guarded queue and a few threads that run its jobs.
+// WorkerPool: two mutex-guarded queues (handshakes first) and a few threads that run their jobs.
 #include "memserver/workers.h"
+
+#include <pthread.h>
 
 #include <algorithm>
 
@@ -10,10 +12,13 @@ namespace rdmaswap {
 
 WorkerPool::WorkerPool(unsigned threads)
 {
-	for (unsigned i = 0; i < std::max(1u, threads); i++)
-		threads_.emplace_back([this] {
+	const unsigned n = std::max(1u, threads);
+	for (unsigned i = 0; i <= n; i++)
+		threads_.emplace_back([this, hs = i == n] {
 			prefault_stack();
-			run();
+			if (hs)
+				pthread_setname_np(pthread_self(), "rdmaswap-hs");
+			run(hs);
 		});
 }
 
@@ -24,34 +29,44 @@ WorkerPool::~WorkerPool()
 		stop_ = true;
 	}
 	cv_.notify_all();
+	hs_cv_.notify_all();
 	for (auto &t : threads_)
 		t.join();
 }
 
-void WorkerPool::submit(std::function<void()> job)
+void WorkerPool::submit(Lane lane, std::function<void()> job)
 {
 	{
 		std::lock_guard lock(mu_);
-		jobs_.push_back(std::move(job));
+		(lane == Lane::Handshake ? handshakes_ : jobs_).push_back(std::move(job));
 	}
+	// A handshake may be taken by either kind of thread: wake one of each (the one that
+	// finds the queue empty sleeps again).
+	if (lane == Lane::Handshake)
+		hs_cv_.notify_one();
 	cv_.notify_one();
 }
 
 size_t WorkerPool::backlog() const
 {
 	std::lock_guard lock(mu_);
-	return jobs_.size();
+	return handshakes_.size() + jobs_.size();
 }
 
-void WorkerPool::run()
+void WorkerPool::run(bool handshakes_only)
 {
 	std::unique_lock lock(mu_);
+	auto &cv = handshakes_only ? hs_cv_ : cv_;
 	for (;;) {
-		cv_.wait(lock, [this] { return stop_ || !jobs_.empty(); });
-		if (jobs_.empty())
-			return; // stopping, and nothing left to run
-		auto job = std::move(jobs_.front());
-		jobs_.pop_front();
+		cv.wait(lock, [&] {
+			return stop_ || !handshakes_.empty() ||
+			       (!handshakes_only && !jobs_.empty());
+		});
+		auto &q = !handshakes_.empty() ? handshakes_ : jobs_;
+		if (q.empty() || (handshakes_only && &q == &jobs_))
+			return; // stopping, and nothing left for this thread to run
+		auto job = std::move(q.front());
+		q.pop_front();
 		lock.unlock();
 		job();
 		job = nullptr; // what it captured goes before the lock is taken again

@@ -279,6 +279,7 @@ TEST_CASE("reattach: slab tags survive a reassign and are cleared by release", "
 	CHECK(pool.slab_base(*s1)[100] == std::byte(0xab)); // content kept
 	CHECK(pool.release(*s1, 9));
 	CHECK(pool.tag(*s1).epoch == 0);
+	REQUIRE(pool.settle(std::chrono::steady_clock::now() + std::chrono::seconds(10))); // the scrubber zeroes it
 	CHECK(pool.slab_base(*s1)[100] == std::byte(0));
 }
 

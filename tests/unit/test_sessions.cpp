@@ -2,15 +2,20 @@
 // Unit tests for memserver/sessions: the last leave() of a session decides, in the same
 // critical section, whether it is detached (joinable, kept) or ended (gone: no join, no
 // takeover), and concurrent joins and leaves never lose or resurrect a session; --max-floors.
+// And the worker pool's handshake lane (memserver/workers): a session's handshake never waits
+// behind other control work.
 #include <catch2/catch.hpp>
 
 #include <atomic>
 #include <cerrno>
 #include <chrono>
+#include <condition_variable>
+#include <mutex>
 #include <thread>
 #include <vector>
 
 #include "memserver/sessions.h"
+#include "memserver/workers.h"
 
 using namespace rdmaswap;
 using Left = SessionTable::Left;
@@ -135,4 +140,60 @@ TEST_CASE("sessions: --max-floors bounds a session's epoch floors; freed ones ar
 	CHECK(t.take_freed() == 5);
 	CHECK(t.take_freed() == 0);
 	CHECK(SessionTable().max_floors() == SessionTable::kDefaultMaxFloors);
+}
+
+TEST_CASE("workers: a handshake runs while every worker is busy with control work",
+	  "[sessions][workers]")
+{
+	// Issue 25: every HELLO waited in one FIFO with the zeroing of freed slabs. A control job
+	// that does not end until released here stands for such work on each worker; more wait
+	// behind them. A handshake submitted after them all still runs, and at once.
+	std::mutex mu;
+	std::condition_variable cv;
+	bool release = false;
+	std::atomic<int> control_started{0}, control_done{0};
+	std::atomic<bool> handshake_ran{false};
+	{
+		WorkerPool pool(2);
+		CHECK(pool.threads() == 2);
+		auto control = [&] {
+			control_started++;
+			std::unique_lock lock(mu);
+			cv.wait(lock, [&] { return release; });
+			control_done++;
+		};
+		for (int i = 0; i < 5; i++)
+			pool.submit(control);
+		pool.submit(WorkerPool::Lane::Handshake, [&] { handshake_ran = true; });
+		const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+		while (!handshake_ran.load() && std::chrono::steady_clock::now() < deadline)
+			std::this_thread::sleep_for(std::chrono::milliseconds(1));
+		CHECK(handshake_ran.load());
+		CHECK(control_done.load() == 0); // every worker still held
+		CHECK(control_started.load() <= 2);
+		{
+			std::lock_guard lock(mu);
+			release = true;
+		}
+		cv.notify_all();
+	} // the destructor runs what is queued
+	CHECK(control_done.load() == 5);
+
+	// The control lane keeps its order: with one worker, jobs run in submission order.
+	std::vector<int> order;
+	std::mutex order_mu;
+	{
+		WorkerPool pool(1);
+		std::mutex gate;
+		std::unique_lock hold(gate);
+		pool.submit([&] { std::lock_guard g(gate); }); // holds the worker until `hold` goes
+		for (int i = 0; i < 3; i++)
+			pool.submit([&, i] {
+				std::lock_guard l(order_mu);
+				order.push_back(i);
+			});
+		std::this_thread::sleep_for(std::chrono::milliseconds(20));
+		hold.unlock();
+	}
+	CHECK(order == std::vector<int>{0, 1, 2}); // in submission order within the lane
 }
