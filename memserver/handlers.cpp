@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include "common/err_text.h"
 #include "common/log.h"
 #include "memserver/conn.h"
 #include "memserver/rdma_service.h"
@@ -194,7 +195,7 @@ Memserver::Next Memserver::Handlers::alloc(Memserver &m, Request &r)
 		if (int e = m.rdma_->expose_slab(session, *id, out.addr, out.rkey)) {
 			m.pool_.release(*id, session);
 			logger("memserver")->warn("{}: cannot register slab {} for RDMA: {}",
-						  r.c.peer, *id, std::strerror(e));
+						  r.c.peer, *id, err_text(e));
 			return reply(m, r, uint32_t(e));
 		}
 	}

@@ -13,6 +13,7 @@
 #include <cstring>
 #include <stdexcept>
 
+#include "common/err_text.h"
 #include "common/log.h"
 #include "common/swap_safety.h"
 #include "memserver/conn.h"
@@ -54,12 +55,12 @@ Memserver::Loop::Loop(Memserver &m, unsigned index)
 	ev_.reset(eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK));
 	if (!ep_ || !ev_)
 		throw std::runtime_error(std::string("cannot create an event loop: ") +
-					 std::strerror(errno));
+					 err_text(errno));
 	epoll_event e{};
 	e.events = EPOLLIN;
 	e.data.ptr = nullptr;
 	if (epoll_ctl(ep_.get(), EPOLL_CTL_ADD, ev_.get(), &e) < 0)
-		throw std::runtime_error(std::string("epoll_ctl: ") + std::strerror(errno));
+		throw std::runtime_error(std::string("epoll_ctl: ") + err_text(errno));
 	conns_.reserve(64);
 	thread_ = std::thread([this] {
 		prefault_stack();
@@ -125,7 +126,7 @@ void Memserver::Loop::take_handovers()
 		conns_.push_back(cp);
 		if (epoll_ctl(ep_.get(), EPOLL_CTL_ADD, c.fd.get(), &e) < 0) {
 			logger("memserver")->warn("{}: cannot watch the connection: {}", c.peer,
-						  std::strerror(errno));
+						  err_text(errno));
 			finish(c);
 			continue;
 		}
@@ -184,7 +185,7 @@ void Memserver::Loop::run()
 							: 0);
 		now_ = Clock::now();
 		if (n < 0 && errno != EINTR) {
-			logger("memserver")->error("epoll_wait: {}", std::strerror(errno));
+			logger("memserver")->error("epoll_wait: {}", err_text(errno));
 			std::this_thread::sleep_for(kTick); // not a spin
 		}
 		for (int i = 0; i < n; i++) {
@@ -275,7 +276,7 @@ bool Memserver::Loop::fill(Conn &c)
 	}
 	if (n < 0 && errno != ECONNRESET)
 		m_.warn_peer(PeerEvent::Protocol,
-			     c.peer + ": receive failed: " + std::strerror(errno));
+			     c.peer + ": receive failed: " + err_text(errno));
 	c.eof = true; // closed by the peer (or broken)
 	return false;
 }
@@ -494,7 +495,7 @@ bool Memserver::Loop::pump_payload(Conn &c)
 				m_.warn_peer(PeerEvent::Protocol, fmt::format("{}: truncated WRITE "
 									      "request: {}",
 									      c.peer,
-									      std::strerror(errno)));
+									      err_text(errno)));
 			c.eof = true;
 			return false;
 		}

@@ -26,9 +26,7 @@ void on_signal(int)
 	if (g_server)
 		g_server->stop();
 }
-} // namespace
-
-int main(int argc, char **argv)
+int run(int argc, char **argv)
 {
 	using namespace rdmaswap;
 	CLI::App app{"rdmaswap-memserver: serve this host's memory to rdmaswap clients as swap"};
@@ -253,4 +251,21 @@ int main(int argc, char **argv)
 		return 1;
 	}
 	return 0;
+}
+
+} // namespace
+
+// The process's exception boundary (docs/architecture.md, "Exception boundaries"): whatever
+// escapes run() is reported and the memserver exits with status 1, never through
+// std::terminate.
+int main(int argc, char **argv)
+{
+	try {
+		return run(argc, argv);
+	} catch (const std::exception &e) {
+		std::fprintf(stderr, "rdmaswap-memserver: %s\n", e.what());
+	} catch (...) {
+		std::fprintf(stderr, "rdmaswap-memserver: an unknown exception\n");
+	}
+	return 1;
 }

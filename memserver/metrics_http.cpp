@@ -1,5 +1,6 @@
 // SPDX-License-Identifier: MIT
 // The metrics endpoint over libmicrohttpd (contracts in metrics_http.h).
+#include "common/err_text.h"
 #include "memserver/metrics_http.h"
 
 #include <arpa/inet.h>
@@ -138,7 +139,7 @@ MetricsServer::MetricsServer(const ListenAddr &at, std::function<std::string()> 
 	    ::listen(fd.get(), 16) < 0 ||
 	    fcntl(fd.get(), F_SETFL, fcntl(fd.get(), F_GETFL) | O_NONBLOCK) < 0)
 		throw std::runtime_error("--metrics-listen: cannot listen on " + at.str() + ": " +
-					 std::strerror(errno));
+					 err_text(errno));
 	socklen_t sl = sizeof ss;
 	getsockname(fd.get(), reinterpret_cast<sockaddr *>(&ss), &sl);
 	port_ = ntohs(v6 ? reinterpret_cast<sockaddr_in6 *>(&ss)->sin6_port

@@ -1,6 +1,7 @@
 // SPDX-License-Identifier: MIT
 // Memserver: start, accept loop (connections handed to the event loops, memserver/loop.cpp),
 // stats, fencing, and the end of connections.
+#include "common/err_text.h"
 #include "memserver/server.h"
 
 #include <arpa/inet.h>
@@ -135,7 +136,7 @@ Memserver::Memserver(const MemserverOptions &opts)
 	    fcntl(fd.get(), F_SETFL, fcntl(fd.get(), F_GETFL) | O_NONBLOCK) < 0) {
 		const int err = errno;
 		freeaddrinfo(res);
-		throw std::runtime_error("cannot listen on " + ep.str() + ": " + std::strerror(err));
+		throw std::runtime_error("cannot listen on " + ep.str() + ": " + err_text(err));
 	}
 	freeaddrinfo(res);
 	sockaddr_storage ss{};
@@ -383,7 +384,7 @@ bool Memserver::accept_one()
 		const int err = errno;
 		if (err == EMFILE || err == ENFILE || err == ENOBUFS || err == ENOMEM) {
 			warn_peer(PeerEvent::Limit, std::string("cannot accept connections: ") +
-				  std::strerror(err));
+				  err_text(err));
 			std::this_thread::sleep_for(std::chrono::milliseconds(10)); // not a spin
 			return false;
 		}

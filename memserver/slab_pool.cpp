@@ -1,6 +1,7 @@
 // SPDX-License-Identifier: MIT
 // SlabPool: preallocated, locked memory with per-slab ownership; the scrubber thread zeroes
 // released slabs.
+#include "common/err_text.h"
 #include "memserver/slab_pool.h"
 
 #include <pthread.h>
@@ -35,7 +36,7 @@ SlabPool::SlabPool(uint64_t capacity, uint64_t slab_size, bool lock)
 		       MAP_PRIVATE | MAP_ANONYMOUS | MAP_POPULATE, -1, 0);
 	if (p == MAP_FAILED)
 		throw std::runtime_error("cannot map " + std::to_string(capacity) +
-					 " bytes: " + std::strerror(errno));
+					 " bytes: " + err_text(errno));
 	base_ = static_cast<std::byte *>(p);
 	if (lock && mlock(base_, capacity) != 0) {
 		const int err = errno;
@@ -43,7 +44,7 @@ SlabPool::SlabPool(uint64_t capacity, uint64_t slab_size, bool lock)
 		rlimit rl{};
 		getrlimit(RLIMIT_MEMLOCK, &rl);
 		std::string msg = "cannot lock " + std::to_string(capacity) +
-				  " bytes of memory: " + std::strerror(err);
+				  " bytes of memory: " + err_text(err);
 		if (err == EPERM || err == ENOMEM)
 			msg += " (RLIMIT_MEMLOCK is " +
 			       (rl.rlim_cur == RLIM_INFINITY ? std::string("unlimited")
