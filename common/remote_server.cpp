@@ -1,6 +1,5 @@
 // SPDX-License-Identifier: MIT
 // RemoteServer: session setup and the choice of data path.
-#include "common/err_text.h"
 #include "common/remote_server.h"
 
 #include <algorithm>
@@ -10,6 +9,7 @@
 #include <stdexcept>
 
 #include "common/deadline.h"
+#include "common/err_text.h"
 #include "common/log.h"
 #include "common/rdma/rdma_client.h"
 #include "common/tcp/tcp_data_path.h"

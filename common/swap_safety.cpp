@@ -1,5 +1,4 @@
 // SPDX-License-Identifier: MIT
-#include "common/err_text.h"
 #include "common/swap_safety.h"
 
 #include <sched.h>
@@ -10,6 +9,8 @@
 #include <cstdio>
 #include <cstddef>
 #include <cstring>
+
+#include "common/err_text.h"
 
 #ifndef PR_SET_IO_FLUSHER
 #define PR_SET_IO_FLUSHER 57

@@ -2,12 +2,12 @@
 // Volume: placement, allocation of a slab's replicas on its first write, and giving slabs
 // back (trim). Control calls here run with no slab lock and no channel held; the slab's
 // `maint` lock orders them.
-#include "common/err_text.h"
 #include "common/volume.h"
 
 #include <cerrno>
 #include <cstring>
 
+#include "common/err_text.h"
 #include "common/log.h"
 #include "common/placement.h"
 #include "common/volume_internal.h"

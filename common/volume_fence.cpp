@@ -2,13 +2,13 @@
 // Volume: epochs and floors of bound volumes (docs/replication.md, "Restart"). A write taken
 // by fewer than `replicas` replicas is acknowledged only once the replicas that took it carry
 // an epoch above every other replica of the chunk, recorded as a floor on the other donors.
-#include "common/err_text.h"
 #include "common/volume.h"
 
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
 
+#include "common/err_text.h"
 #include "common/log.h"
 #include "common/volume_internal.h"
 

@@ -1,13 +1,13 @@
 // SPDX-License-Identifier: MIT
 // Volume: the I/O path (reads with failover, writes to every valid replica, trim, zero).
 // Nothing here allocates; every wait ends at the timeout.
-#include "common/err_text.h"
 #include "common/volume.h"
 
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
 
+#include "common/err_text.h"
 #include "common/log.h"
 #include "common/volume_internal.h"
 

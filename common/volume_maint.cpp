@@ -3,7 +3,6 @@
 // slabs their donor wants back (give-back), and the clone routine both use. A copy runs while
 // the slab keeps serving; writes landing meanwhile are tracked and copied again, and the
 // switch-over is a short exclusive section.
-#include "common/err_text.h"
 #include "common/volume.h"
 
 #include <algorithm>
@@ -11,6 +10,7 @@
 #include <cerrno>
 #include <cstring>
 
+#include "common/err_text.h"
 #include "common/log.h"
 #include "common/volume_internal.h"
 

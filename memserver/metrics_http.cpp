@@ -1,6 +1,5 @@
 // SPDX-License-Identifier: MIT
 // The metrics endpoint over libmicrohttpd (contracts in metrics_http.h).
-#include "common/err_text.h"
 #include "memserver/metrics_http.h"
 
 #include <arpa/inet.h>
@@ -16,6 +15,7 @@
 
 #include <microhttpd.h>
 
+#include "common/err_text.h"
 #include "common/log.h"
 #include "common/tcp/socket.h"
 

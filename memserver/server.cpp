@@ -1,7 +1,6 @@
 // SPDX-License-Identifier: MIT
 // Memserver: start, accept loop (connections handed to the event loops, memserver/loop.cpp),
 // stats, fencing, and the end of connections.
-#include "common/err_text.h"
 #include "memserver/server.h"
 
 #include <arpa/inet.h>
@@ -20,6 +19,7 @@
 #include <stdexcept>
 #include <vector>
 
+#include "common/err_text.h"
 #include "common/log.h"
 #include "common/swap_safety.h"
 #include "memserver/conn.h"

@@ -1,7 +1,6 @@
 // SPDX-License-Identifier: MIT
 // SlabPool: preallocated, locked memory with per-slab ownership; the scrubber thread zeroes
 // released slabs.
-#include "common/err_text.h"
 #include "memserver/slab_pool.h"
 
 #include <pthread.h>
@@ -13,6 +12,7 @@
 #include <stdexcept>
 #include <string>
 
+#include "common/err_text.h"
 #include "common/swap_safety.h"
 
 namespace rdmaswap {

@@ -1,7 +1,6 @@
 // SPDX-License-Identifier: MIT
 // RDMA client: device context + PD + registered channel buffers (setup), and RdmaDataPath, an
 // RC QP doing one-sided READ/WRITE with preallocated work requests (data path).
-#include "common/err_text.h"
 #include "common/rdma/rdma_client.h"
 
 #include <fcntl.h>
@@ -15,6 +14,7 @@
 
 #include "common/data_path_base.h"
 #include "common/deadline.h"
+#include "common/err_text.h"
 #include "common/log.h"
 #include "common/rdma/verbs.h"
 

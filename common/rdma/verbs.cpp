@@ -1,6 +1,5 @@
 // SPDX-License-Identifier: MIT
 // RAII deleters and bounded rdma_cm helpers.
-#include "common/err_text.h"
 #include "common/rdma/verbs.h"
 
 #include <fcntl.h>
@@ -12,6 +11,7 @@
 #include <stdexcept>
 
 #include "common/deadline.h"
+#include "common/err_text.h"
 #include "common/log.h"
 
 namespace rdmaswap::rdma {

@@ -1,12 +1,13 @@
 // SPDX-License-Identifier: MIT
 // Request/response bounded by a deadline per exchange; the control connection.
-#include "common/err_text.h"
 #include "common/tcp/rpc.h"
 
 #include <algorithm>
 #include <array>
 #include <cerrno>
 #include <cstring>
+
+#include "common/err_text.h"
 
 namespace rdmaswap {
 

@@ -2,7 +2,6 @@
 // TCP data path: several READ/WRITE requests in flight, from one or several paths (threads)
 // sharing a connection; replies matched by request id and received by whichever waiting
 // thread reads for all; a batch is bounded by one deadline from its first post.
-#include "common/err_text.h"
 #include "common/tcp/tcp_data_path.h"
 
 #include <sys/socket.h>
@@ -14,6 +13,7 @@
 #include <stdexcept>
 
 #include "common/backoff.h"
+#include "common/err_text.h"
 #include "common/log.h"
 #include "common/tcp/rpc.h"
 
