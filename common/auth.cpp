@@ -15,6 +15,9 @@
 #include <openssl/hmac.h>
 #include <openssl/rand.h>
 
+#include "common/err_text.h"
+#include "common/private_file.h"
+
 namespace rdmaswap {
 namespace {
 
@@ -86,22 +89,37 @@ Mac AuthKey::mac(const char *label, std::initializer_list<std::span<const std::b
 std::shared_ptr<const AuthKey> load_auth_key(const std::string &path, const char *kind)
 {
 	const std::string what = std::string(kind) + " file " + path;
-	const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NOCTTY);
-	if (fd < 0)
-		throw std::runtime_error(what + ": " + std::strerror(errno));
+	// O_NOFOLLOW: a symbolic link is refused (it could be pointed elsewhere); O_NONBLOCK: a
+	// FIFO does not block the open (it is refused below, never read).
+	const int fd =
+		::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NOCTTY | O_NOFOLLOW | O_NONBLOCK);
+	if (fd < 0) {
+		const int e = errno;
+		struct stat lst {};
+		if (e == ELOOP && ::lstat(path.c_str(), &lst) == 0 && S_ISLNK(lst.st_mode))
+			throw std::runtime_error(what + ": is a symbolic link, which is not followed: "
+							"name the key file itself");
+		throw std::runtime_error(what + ": " + err_text(e));
+	}
 	struct stat st {};
 	std::vector<std::byte> buf(kMaxKeySize + 2);
 	size_t n = 0;
 	std::string err;
 	if (fstat(fd, &st) != 0) {
-		err = std::strerror(errno);
+		err = err_text(errno);
 	} else if (!S_ISREG(st.st_mode)) {
-		err = "not a regular file";
-	} else if (st.st_mode & (S_IROTH | S_IWOTH)) {
+		err = std::string("not a regular file (") + file_kind(st.st_mode) +
+		      "): a key is read from a regular file, mode 0600";
+	} else if (st.st_uid != ::geteuid()) {
+		err = private_file_problem(st) + "; another user could have changed the key: make a "
+						 "new one, or, if its contents are yours, chown it to "
+						 "the user this runs as and chmod 600 it";
+	} else if (st.st_mode & 077) {
 		char mode[8];
 		std::snprintf(mode, sizeof mode, "%04o", unsigned(st.st_mode & 07777));
 		err = std::string("is accessible by other users (mode ") + mode +
-		      "); a readable key is a leaked key: chmod 600 " + path +
+		      ": group or other permissions; a key must be mode 0600 or stricter); a readable "
+		      "key is a leaked key: chmod 600 " + path +
 		      " (and make a new key if others could read it)";
 	} else {
 		for (;;) {
@@ -109,7 +127,7 @@ std::shared_ptr<const AuthKey> load_auth_key(const std::string &path, const char
 			if (r < 0 && errno == EINTR)
 				continue;
 			if (r < 0) {
-				err = std::strerror(errno);
+				err = err_text(errno);
 				break;
 			}
 			n += size_t(r);

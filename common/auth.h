@@ -50,10 +50,12 @@ private:
 	uint64_t id_ = 0;
 };
 
-// Read a key file: a regular file, not readable or writable by others (refused otherwise:
-// a readable key is a leaked key), of kMinKeySize..kMaxKeySize bytes after stripping
-// trailing whitespace. Throws std::runtime_error with a message that names the file (as
-// "<kind> file PATH") and says how to fix it.
+// Read a key file: a regular file (opened with O_NOFOLLOW and O_NONBLOCK: a symbolic link is
+// refused, a FIFO or device is refused without blocking or being read), owned by the process's
+// effective user (another user could have written it), with no group or other permission bits
+// (mode 0600 or stricter: a readable key is a leaked key), of kMinKeySize..kMaxKeySize bytes
+// after stripping trailing whitespace. Throws std::runtime_error with a message that names the
+// file (as "<kind> file PATH"), its owner and mode when they are wrong, and how to fix it.
 std::shared_ptr<const AuthKey> load_auth_key(const std::string &path,
 					     const char *kind = "auth key");
 

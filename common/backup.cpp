@@ -12,10 +12,11 @@
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
-#include <fstream>
+#include <optional>
 #include <random>
 #include <stdexcept>
 
+#include "common/err_text.h"
 #include "common/log.h"
 #include "common/private_file.h"
 
@@ -40,7 +41,7 @@ static_assert(sizeof(HeaderFixed) == 16 + 8 + 24 + kNameMax);
 std::runtime_error error(const std::string &path, const std::string &what, int err = 0)
 {
 	return std::runtime_error("backup=" + path + ": " + what +
-				  (err ? std::string(": ") + std::strerror(err) : std::string()));
+				  (err ? std::string(": ") + err_text(err) : std::string()));
 }
 
 bool pwrite_all(int fd, const void *buf, size_t len, uint64_t off)
@@ -74,16 +75,48 @@ bool pread_all(int fd, void *buf, size_t len, uint64_t off)
 	}
 	return true;
 }
+
+// Open the backup file, or create it if it does not exist: O_EXCL, mode exactly 0600. An
+// existing one is opened with O_NOFOLLOW (a symbolic link is refused: it may point anywhere)
+// and O_NONBLOCK (a FIFO never blocks the open); the caller checks what it is. Throws.
+int open_file(const std::string &path)
+{
+	for (int attempt = 0;; attempt++) {
+		int fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
+		if (fd >= 0) {
+			if (::fchmod(fd, 0600) != 0) { // exactly 0600, whatever the umask
+				const int e = errno;
+				::close(fd);
+				throw error(path, "fchmod", e);
+			}
+			return fd;
+		}
+		if (errno != EEXIST) // (a symbolic link, even a dangling one, is EEXIST)
+			throw error(path, "cannot create", errno);
+		fd = ::open(path.c_str(), O_RDWR | O_NOFOLLOW | O_NONBLOCK | O_NOCTTY | O_CLOEXEC);
+		if (fd >= 0)
+			return fd;
+		const int e = errno;
+		struct stat lst {};
+		if (e == ELOOP && ::lstat(path.c_str(), &lst) == 0 && S_ISLNK(lst.st_mode))
+			throw error(path, "is a symbolic link, which is not followed: name the file "
+					  "itself");
+		if (e != ENOENT || attempt == 2) // (ENOENT: removed meanwhile; try again)
+			throw error(path, "cannot open", e);
+	}
+}
 } // namespace
 
 uint64_t next_run_id(const std::string &path, uint64_t &previous)
 {
 	previous = 0;
 	{
-		std::ifstream in(path);
-		std::string line;
-		if (in && std::getline(in, line))
-			previous = std::strtoull(line.c_str(), nullptr, 16);
+		// (Not through a symbolic link, and a FIFO does not block the start.)
+		std::optional<std::string> text;
+		if (std::string err = read_small_file(path, 4096, text); !err.empty())
+			throw std::runtime_error("run file " + path + ": " + err);
+		if (text)
+			previous = std::strtoull(text->c_str(), nullptr, 16);
 	}
 	std::random_device rd;
 	uint64_t id = 0;
@@ -98,7 +131,7 @@ uint64_t next_run_id(const std::string &path, uint64_t &previous)
 	if (std::rename(tmp.c_str(), path.c_str()) != 0) {
 		const int e = errno;
 		std::remove(tmp.c_str());
-		throw std::runtime_error("run file " + path + ": rename: " + std::strerror(e));
+		throw std::runtime_error("run file " + path + ": rename: " + err_text(e));
 	}
 	return id;
 }
@@ -117,15 +150,26 @@ Backup::Backup(const BackupOptions &o)
 	live_at_close_.assign(bitmap, 0);
 	live_.assign(bitmap, 0);
 	untrusted_ = std::make_unique<std::atomic<uint64_t>[]>((nslabs_ + 63) / 64);
-	fd_ = ::open(path_.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0600);
-	if (fd_ < 0)
-		throw error(path_, "cannot open", errno);
+	fd_ = open_file(path_);
 	try {
 		struct stat st;
 		if (fstat(fd_, &st) != 0)
 			throw error(path_, "cannot stat", errno);
 		if (!S_ISREG(st.st_mode))
-			throw error(path_, "not a regular file");
+			throw error(path_, std::string("not a regular file (") + file_kind(st.st_mode) +
+						   ")");
+		// The file holds swapped pages in plaintext: another user's file (they could read
+		// it, or have put bytes in it) or one others may read is never used.
+		if (std::string problem = private_file_problem(st); !problem.empty())
+			throw error(path_, problem + ". The backup file holds swap pages in plaintext: "
+						     "if it is this volume's backup file, chown it "
+						     "to the user nbdkit runs as and chmod 600 it; "
+						     "else remove it (a new one is made, mode "
+						     "0600) or name another file");
+		// (O_NONBLOCK only kept the open from blocking on a FIFO.)
+		const int flags = fcntl(fd_, F_GETFL);
+		if (flags < 0 || fcntl(fd_, F_SETFL, flags & ~O_NONBLOCK) != 0)
+			throw error(path_, "fcntl", errno);
 		if (st.st_size > 0) {
 			HeaderFixed h{};
 			if (!pread_all(fd_, &h, sizeof h, 0) ||
@@ -164,7 +208,7 @@ Backup::Backup(const BackupOptions &o)
 		region_ = static_cast<std::byte *>(p);
 		if (mlock(region_, region_len_) != 0)
 			logger("backup")->warn("cannot lock the backup queue's {} bytes: {}", region_len_,
-					       std::strerror(errno));
+					       err_text(errno));
 		for (unsigned i = 0; i <= o.queues; i++) {
 			auto q = std::make_unique<Queue>();
 			q->cap = i < o.queues ? per : 64; // the last one: punch()'s (no data)
@@ -183,20 +227,26 @@ Backup::Backup(const BackupOptions &o)
 
 Backup::~Backup()
 {
-	if (writer_.joinable()) {
-		stop_.store(true);
-		published_.fetch_add(1);
-		published_.notify_all();
-		writer_.join(); // it applies everything queued first
-		const bool ok = ::fdatasync(fd_) == 0 && untrusted_count() == 0 && write_errors_ == 0;
-		write_header(ok);
-		if (ok)
-			logger("backup")->info("backup {}: closed cleanly", path_);
-		else
-			logger("backup")->warn("backup {}: not marked clean ({} slabs not backed, {} "
-					       "write errors): a restart will not use it for slabs "
-					       "no donor kept",
-					       path_, untrusted_count(), write_errors_.load());
+	// A destructor must not throw (joining or logging could): if closing fails so, the file
+	// is simply not marked clean, which a restart treats as not to be trusted.
+	try {
+		if (writer_.joinable()) {
+			stop_.store(true);
+			published_.fetch_add(1);
+			published_.notify_all();
+			writer_.join(); // it applies everything queued first
+			const bool ok = ::fdatasync(fd_) == 0 && untrusted_count() == 0 &&
+					write_errors_ == 0;
+			write_header(ok);
+			if (ok)
+				logger("backup")->info("backup {}: closed cleanly", path_);
+			else
+				logger("backup")->warn("backup {}: not marked clean ({} slabs not "
+						       "backed, {} write errors): a restart will not "
+						       "use it for slabs no donor kept",
+						       path_, untrusted_count(), write_errors_.load());
+		}
+	} catch (...) {
 	}
 	if (region_)
 		munmap(region_, region_len_);
@@ -363,7 +413,7 @@ int Backup::read(std::byte *buf, uint32_t len, uint64_t offset,
 	}
 	if (!pread_all(fd_, buf, len, data_off_ + offset)) {
 		logger("backup")->error("backup {}: read of {} bytes at {} failed: {}", path_, len,
-					offset, std::strerror(errno));
+					offset, err_text(errno));
 		return EIO;
 	}
 	return 0;
@@ -375,7 +425,7 @@ void Backup::failed(const char *what, uint64_t offset, uint64_t len, int err)
 	if (n < 10 || n % 1000 == 0)
 		logger("backup")->error("backup {}: {} of {} bytes at {} failed: {}; its slabs are no "
 					"longer backed ({} errors so far)",
-					path_, what, len, offset, std::strerror(err), n + 1);
+					path_, what, len, offset, err_text(err), n + 1);
 	for (uint64_t s = offset / slab_size_; s <= (offset + len - 1) / slab_size_ && s < nslabs_; s++)
 		distrust(s);
 }

@@ -7,8 +7,12 @@
 // Contracts:
 // - The file: a header (magic, the volume's name, size and slab size, whether it was closed
 //   cleanly, which slabs held data then, and the run it was closed by), then the volume's
-//   bytes, sparse. Created mode 0600 if missing. A file made for another volume (name, size or
-//   slab size) is refused: the constructor throws, naming the file and why.
+//   bytes, sparse, in plaintext. Created if missing (O_EXCL, mode exactly 0600). An existing
+//   file is opened without following a symbolic link (O_NOFOLLOW: a link is refused) and must
+//   be a regular file owned by the process's effective user with no group or other permission
+//   bits: anything else (another user's file, even an empty one, a file others may read, a
+//   FIFO) is refused, and so is a file made for another volume (name, size or slab size): the
+//   constructor throws, naming the file and why (its owner and mode when they are wrong).
 // - put(q, offset, data, len, until): queues `len` bytes (zeros if `data` is null) for
 //   `offset`. Queue `q` (0..queues-1) is used by one thread at a time (the volume's channel
 //   that holds it): the bytes are copied into a slot allocated at construction, with no lock
@@ -59,7 +63,8 @@ struct BackupOptions {
 // The plugin's run ids: reads the previous run's id from `path` (0 if there is none), writes
 // a new random one there (mode 0600, replaced atomically) and returns it. Called at every
 // start, with or without backup=, so that a backup file closed cleanly is trusted only by
-// the run right after the one that closed it. Throws std::runtime_error.
+// the run right after the one that closed it. The old id is read without following a
+// symbolic link or blocking on a FIFO (either is an error). Throws std::runtime_error.
 uint64_t next_run_id(const std::string &path, uint64_t &previous);
 
 class Backup {

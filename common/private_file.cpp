@@ -1,16 +1,21 @@
 // SPDX-License-Identifier: MIT
-// write_private_file, replace_private_file, read_small_file (private_file.h).
+// write_private_file, replace_private_file, read_small_file, private_file_problem
+// (private_file.h).
 #include "common/private_file.h"
 
 #include <fcntl.h>
+#include <pwd.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
 #include <cerrno>
 #include <cstring>
 #include <random>
+#include <vector>
 
 #include <fmt/format.h>
+
+#include "common/err_text.h"
 
 namespace rdmaswap {
 
@@ -18,7 +23,7 @@ namespace {
 
 std::string errno_text(const char *what)
 {
-	return std::string(what) + ": " + std::strerror(errno);
+	return std::string(what) + ": " + err_text(errno);
 }
 
 // Closes a descriptor at the end of a scope.
@@ -34,7 +39,7 @@ std::string write_private_file(const std::string &path, std::string_view bytes)
 	const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW,
 			      0600);
 	if (fd < 0)
-		return "open " + path + ": " + std::strerror(errno);
+		return "open " + path + ": " + err_text(errno);
 	std::string err;
 	if (::fchmod(fd, 0600) != 0) // exactly 0600, whatever the umask
 		err = errno_text("fchmod");
@@ -73,10 +78,10 @@ std::string replace_private_file(const std::string &path, std::string_view bytes
 									    : path.substr(0, slash);
 	const int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
 	if (fd < 0)
-		return "open " + dir + ": " + std::strerror(errno);
+		return "open " + dir + ": " + err_text(errno);
 	FdCloser closer{fd};
 	if (::fsync(fd) != 0)
-		return "fsync " + dir + ": " + std::strerror(errno);
+		return "fsync " + dir + ": " + err_text(errno);
 	return "";
 }
 
@@ -90,7 +95,7 @@ std::string read_small_file(const std::string &path, size_t max_bytes,
 	if (fd < 0 && errno == ELOOP)
 		return "a symbolic link";
 	if (fd < 0)
-		return std::strerror(errno);
+		return err_text(errno);
 	FdCloser closer{fd};
 	struct stat st {};
 	if (::fstat(fd, &st) != 0)
@@ -114,6 +119,56 @@ std::string read_small_file(const std::string &path, size_t max_bytes,
 	text.resize(done);
 	bytes = std::move(text);
 	return "";
+}
+
+std::string user_text(uid_t uid)
+{
+	long len = ::sysconf(_SC_GETPW_R_SIZE_MAX);
+	std::vector<char> buf(len > 0 ? size_t(len) : 16384);
+	struct passwd pw {};
+	struct passwd *found = nullptr;
+	if (::getpwuid_r(uid, &pw, buf.data(), buf.size(), &found) == 0 && found && found->pw_name)
+		return fmt::format("{} (uid {})", found->pw_name, unsigned(uid));
+	return fmt::format("uid {}", unsigned(uid));
+}
+
+const char *file_kind(mode_t mode)
+{
+	switch (mode & S_IFMT) {
+	case S_IFREG:
+		return "a regular file";
+	case S_IFDIR:
+		return "a directory";
+	case S_IFIFO:
+		return "a FIFO";
+	case S_IFSOCK:
+		return "a socket";
+	case S_IFCHR:
+		return "a character device";
+	case S_IFBLK:
+		return "a block device";
+	case S_IFLNK:
+		return "a symbolic link";
+	default:
+		return "an unknown kind of file";
+	}
+}
+
+std::string private_file_problem(const struct stat &st)
+{
+	const uid_t me = ::geteuid();
+	const bool foreign = st.st_uid != me;
+	const bool open_mode = (st.st_mode & 077) != 0;
+	if (!foreign && !open_mode)
+		return "";
+	std::string text = fmt::format("owned by {}, mode {:04o}:", user_text(st.st_uid),
+				       unsigned(st.st_mode & 07777));
+	if (foreign)
+		text += fmt::format(" not owned by {}, the user this process runs as{}",
+				    user_text(me), open_mode ? ";" : "");
+	if (open_mode)
+		text += " open to its group or others (mode 0600 or stricter needed)";
+	return text;
 }
 
 } // namespace rdmaswap

@@ -1,7 +1,11 @@
 // SPDX-License-Identifier: MIT
 // Files only their owner may read, written whole and synced (the volume key, the donor cache,
-// the holders record), and small state files read back with bounds.
+// the holders record), small state files read back with bounds, and the check that a file
+// holding secrets (a key, the backup file's swapped pages) is private to this process's user.
 #pragma once
+
+#include <sys/stat.h>
+#include <sys/types.h>
 
 #include <cstddef>
 #include <optional>
@@ -33,5 +37,20 @@ inline constexpr size_t kMaxStateFile = 1 << 20;
 // "larger than N bytes", "read: ...") and `bytes` is nullopt.
 std::string read_small_file(const std::string &path, size_t max_bytes,
 			    std::optional<std::string> &bytes);
+
+// Whether the file `st` describes (fstat of a descriptor opened with O_NOFOLLOW) may hold
+// secrets of this process: "" if it is owned by the process's effective user and has no group
+// or other permission bits (mode 0600 or stricter); otherwise what is wrong, naming the owner
+// and the mode, e.g. "owned by nobody (uid 65534), mode 0644: not owned by root (uid 0), the
+// user this process runs as; open to its group or others (mode 0600 or stricter needed)".
+// Does not look at the file's type (callers check S_ISREG first).
+std::string private_file_problem(const struct stat &st);
+
+// "a FIFO", "a directory", "a socket", "a character device", "a block device", "a symbolic
+// link", "a regular file" (or "an unknown kind of file"), for error messages.
+const char *file_kind(mode_t mode);
+
+// "nobody (uid 65534)", or "uid 1234" when the user has no name.
+std::string user_text(uid_t uid);
 
 } // namespace rdmaswap

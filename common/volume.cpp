@@ -12,6 +12,7 @@
 #include <cstring>
 #include <stdexcept>
 
+#include "common/err_text.h"
 #include "common/log.h"
 #include "common/reattach.h"
 #include "common/volume_internal.h"
@@ -79,6 +80,33 @@ Volume::Volume(std::vector<std::unique_ptr<Server>> servers, const VolumeOptions
 	if (buffer_size_ == 0 || buffer_size_ % 4096 != 0 || buffer_size_ > proto::kMaxIo)
 		throw std::runtime_error("channel buffer size must be a multiple of 4096 up to 1 MiB");
 	nslabs_ = (size_ + slab_size_ - 1) / slab_size_;
+	// The per-slab table (slabs_ below; sizeof(Slab), 464 bytes on x86-64, a slab, locked in
+	// memory with the rest of nbdkit) is sized by the slab count, so the count is bounded:
+	// 2^20 slabs, a table of at most 464 MiB. That is a volume of up to 256 TiB with the
+	// memserver's default 256 MiB slabs (1.8 MiB of table a TiB), 1 TiB with 1 MiB slabs
+	// (464 MiB a TiB), 64 GiB with 64 KiB slabs. Beyond it the table alone could exhaust the
+	// host's memory (size=1P in 1 MiB slabs: 464 GiB): refused with the maximum instead.
+	constexpr uint64_t kMaxSlabs = uint64_t(1) << 20;
+	if (nslabs_ > kMaxSlabs) {
+		// Powers of two (slab sizes, kMaxSlabs times one: below size_, so no overflow) in
+		// their largest whole unit.
+		auto human = [](uint64_t v) {
+			static const char *const units[] = {"bytes", "KiB", "MiB", "GiB", "TiB",
+							    "PiB", "EiB"};
+			unsigned u = 0;
+			while (u + 1 < std::size(units) && v >= 1024 && v % 1024 == 0)
+				v /= 1024, u++;
+			return std::to_string(v) + " " + units[u];
+		};
+		throw std::runtime_error(
+			"size=" + std::to_string(size_) + " is too large: a volume has at most " +
+			std::to_string(kMaxSlabs) + " slabs, and memserver " + servers_[0]->name() +
+			"'s slabs are " + human(slab_size_) + ", so the maximum size is " +
+			human(kMaxSlabs * slab_size_) + " (" + std::to_string(kMaxSlabs * slab_size_) +
+			" bytes; each slab costs " + std::to_string(sizeof(Slab)) +
+			" bytes of nbdkit's memory); use a smaller size=, or memservers with larger "
+			"slabs (--slab-size)");
+	}
 	uint64_t capacity = 0;
 	for (auto &s : start)
 		capacity += uint64_t(s->info().slabs_total) * slab_size_;
@@ -105,11 +133,11 @@ Volume::Volume(std::vector<std::unique_ptr<Server>> servers, const VolumeOptions
 		       MAP_PRIVATE | MAP_ANONYMOUS | MAP_POPULATE, -1, 0);
 	if (p == MAP_FAILED)
 		throw std::runtime_error(std::string("cannot map channel buffers: ") +
-					 std::strerror(errno));
+					 err_text(errno));
 	region_ = static_cast<std::byte *>(p);
 	if (mlock(region_, region_len_) != 0)
 		logger("volume")->warn("cannot lock {} bytes of channel buffers: {}", region_len_,
-				       std::strerror(errno));
+				       err_text(errno));
 	std::span<std::byte> region(region_, region_len_);
 	npaths_ = std::min(opts.paths, nch);
 	try {
@@ -180,7 +208,7 @@ void Volume::recover(unsigned missing)
 		if (int err = servers_[i]->list_volume(sl, fl))
 			throw std::runtime_error("memserver " + servers_[i]->name() +
 						 ": cannot list the slabs kept for the volume: " +
-						 std::strerror(err));
+						 err_text(err));
 		for (const auto &e : sl)
 			found.push_back(FoundSlab{uint16_t(i), e.slab_id, e.rkey, e.addr, e.chunk, e.epoch});
 		for (const auto &e : fl)
@@ -276,7 +304,7 @@ size_t Volume::add_server(std::unique_ptr<Server> server)
 			throw std::runtime_error(
 				"memserver " + server->name() +
 				(err ? ": cannot list what it kept for this volume: " +
-					       std::string(std::strerror(err))
+					       std::string(err_text(err))
 				     : " kept slabs of this volume from an earlier run: they are taken "
 				       "over only when nbdkit starts (restart it to use them); not used "
 				       "meanwhile"));

@@ -14,6 +14,7 @@
 #include <openssl/crypto.h>
 #include <openssl/evp.h>
 
+#include "common/err_text.h"
 #include "common/private_file.h"
 #include "common/protocol.h"
 
@@ -46,11 +47,11 @@ void make_parents(const std::string &path)
 		return;
 	}
 	if (errno != ENOENT)
-		throw std::runtime_error(dir + ": " + std::strerror(errno));
+		throw std::runtime_error(dir + ": " + err_text(errno));
 	make_parents(dir);
 	if (::mkdir(dir.c_str(), 0700) != 0 && errno != EEXIST)
 		throw std::runtime_error("cannot create directory " + dir + ": " +
-					 std::strerror(errno));
+					 err_text(errno));
 }
 
 // Create `path` holding 64 random hex digits and a newline, mode 0600, atomically: written
@@ -78,7 +79,7 @@ bool create_key_file(const std::string &path)
 		if (::link(tmp.c_str(), path.c_str()) == 0)
 			made = true;
 		else if (errno != EEXIST)
-			err = "cannot link " + tmp + " to " + path + ": " + std::strerror(errno);
+			err = "cannot link " + tmp + " to " + path + ": " + err_text(errno);
 		::unlink(tmp.c_str()); // (write_private_file removed it if it failed)
 	}
 	if (!err.empty())
@@ -126,7 +127,7 @@ std::unique_ptr<const VolumeKey> VolumeKey::load_or_create(const std::string &pa
 	if (::lstat(path.c_str(), &st) != 0) {
 		if (errno != ENOENT)
 			throw std::runtime_error("volume key file " + path + ": " +
-						 std::strerror(errno));
+						 err_text(errno));
 		make_parents(path);
 		made = create_key_file(path);
 	}

@@ -43,12 +43,12 @@ public:
 	VolumeKey(const VolumeKey &) = delete;
 	VolumeKey &operator=(const VolumeKey &) = delete;
 
-	// Load the secret from `path` (the rules of load_auth_key: a regular file not accessible by
-	// group or others, 16..4096 bytes) or, if no such file exists, create it first: missing
-	// parent directories with mode 0700, then the file with mode 0600 holding 64 random hex
-	// digits and a newline (written whole under a temporary name and linked into place, so a
-	// concurrent start never reads half a key; if another process created it meanwhile, that
-	// one is used). Then derive the key of `name`. `created` (may be null) is set to whether
+	// Load the secret from `path` (the rules of load_auth_key: a regular file, not a symbolic
+	// link, owned by this process's user, not accessible by group or others, 16..4096 bytes)
+	// or, if no such file exists, create it first: missing parent directories with mode 0700,
+	// then the file with mode 0600 holding 64 random hex digits and a newline (written whole
+	// under a temporary name and linked into place, so a concurrent start never reads half a
+	// key; if another process created it meanwhile, that one is used). Then derive the key of `name`. `created` (may be null) is set to whether
 	// this call made the file. Throws std::runtime_error naming the file and what failed.
 	static std::unique_ptr<const VolumeKey> load_or_create(const std::string &path,
 							       std::string_view name,

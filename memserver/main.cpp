@@ -193,7 +193,7 @@ int run(int argc, char **argv)
 		for (const auto &f : key_files)
 			opts.auth_keys.push_back(load_auth_key(f));
 		for (const auto &f : admin_files)
-			opts.admin_keys.push_back(load_auth_key(f));
+			opts.admin_keys.push_back(load_auth_key(f, "admin key"));
 	} catch (const std::exception &e) {
 		log->error("{}", e.what());
 		return 2;

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # SPDX-License-Identifier: MIT
 # Bad configuration makes nbdkit fail at startup, quickly, with a message that names the problem:
-# an unknown key, a missing size, a bad size, a bad transport, no server, an unreachable server.
+# an unknown key, a missing size, a bad size, a size too large, a bad transport, no server, an
+# unreachable server.
 # (Authentication mistakes: test-auth.sh.)
 set -euo pipefail
 source "$(dirname "$0")/functions.sh"
@@ -72,6 +73,8 @@ expect_fail 'busy-poll'             "$good" size=16M busy-poll=sometimes
 expect_fail 'size'                  "$good"
 expect_fail 'size'                  "$good" size=banana
 expect_fail 'size'                  "$good" size=-1M
+# Beyond 2^20 slabs (here 1 MiB ones): refused with the maximum, not a bare std::bad_alloc.
+expect_fail 'size=1125899906842624 is too large.*maximum size is 1 TiB' "$good" size=1P
 expect_fail 'transport'             "$good" size=16M transport=carrier-pigeon
 expect_fail 'server'                size=16M
 expect_fail 'server|port|address'   "server=127.0.0.1:notaport" size=16M

@@ -3,11 +3,14 @@
 // the RDMA attach MAC, and the AUTH messages of the wire protocol.
 #include <catch2/catch.hpp>
 
+#include <fcntl.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <chrono>
 #include <cstdio>
 #include <cstring>
+#include <future>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -16,6 +19,7 @@
 #include "common/protocol.h"
 
 using namespace rdmaswap;
+using namespace std::chrono_literals;
 
 namespace {
 
@@ -172,9 +176,6 @@ TEST_CASE("auth: key files", "[auth]")
 	const auto key = load_auth_key(good.path);
 	REQUIRE(key);
 	CHECK(key->id() == key_of(k)->id()); // the trailing newline is not part of the key
-	KeyFile group(k, 0640);
-	CHECK(load_auth_key(group.path));
-
 	KeyFile world(k, 0644);
 	const std::string e = load_error(world.path);
 	CHECK(e.find("other users") != std::string::npos);
@@ -190,6 +191,69 @@ TEST_CASE("auth: key files", "[auth]")
 	CHECK(load_error(huge.path).find("too long") != std::string::npos);
 	CHECK(load_error("/nonexistent/rdmaswap.key").find("No such file") != std::string::npos);
 	CHECK(load_error("/tmp").find("regular file") != std::string::npos);
+}
+
+TEST_CASE("auth: a key file must be this user's regular file, mode 0600 or stricter", "[auth]")
+{
+	const std::string k = "0123456789abcdef0123456789abcdef";
+	CHECK(load_auth_key(KeyFile(k, 0400).path)); // stricter than 0600 is fine
+
+	SECTION("any group permission is refused")
+	{
+		for (const mode_t mode : {0640, 0620, 0610}) {
+			KeyFile group(k, mode);
+			const std::string e = load_error(group.path);
+			INFO("mode " << std::oct << mode << ": " << e);
+			CHECK(e.find("auth key file " + group.path) != std::string::npos);
+			CHECK(e.find("accessible by other users") != std::string::npos);
+			CHECK(e.find("0600 or stricter") != std::string::npos);
+			CHECK(e.find("chmod 600") != std::string::npos);
+		}
+	}
+	SECTION("a FIFO is refused at once, never waited on")
+	{
+		char dir[] = "/tmp/rdmaswap-key-XXXXXX";
+		REQUIRE(mkdtemp(dir));
+		const std::string fifo = std::string(dir) + "/fifo.key";
+		REQUIRE(mkfifo(fifo.c_str(), 0600) == 0);
+		auto result = std::async(std::launch::async, [&] { return load_error(fifo); });
+		const bool done = result.wait_for(5s) == std::future_status::ready;
+		if (!done) { // let the blocked open return (a writer appears), so the test ends
+			const int w = open(fifo.c_str(), O_WRONLY | O_NONBLOCK);
+			if (w >= 0)
+				close(w);
+		}
+		CHECK(done);
+		const std::string e = result.get();
+		CHECK(e.find("not a regular file (a FIFO)") != std::string::npos);
+		unlink(fifo.c_str());
+		rmdir(dir);
+	}
+	SECTION("a symbolic link is refused, even to a good key")
+	{
+		KeyFile good(k, 0600);
+		const std::string link = good.path + ".link";
+		REQUIRE(symlink(good.path.c_str(), link.c_str()) == 0);
+		const std::string e = load_error(link);
+		unlink(link.c_str());
+		CHECK(e.find("auth key file " + link + ": is a symbolic link") != std::string::npos);
+	}
+	SECTION("another user's key is refused, even with mode 0600")
+	{
+		if (geteuid() != 0) {
+			WARN("not root: cannot give a file to another user, not checked");
+			return;
+		}
+		KeyFile theirs(k, 0600);
+		REQUIRE(chown(theirs.path.c_str(), 65534, 65534) == 0);
+		const std::string e = load_error(theirs.path);
+		INFO(e);
+		CHECK(e.find("auth key file " + theirs.path) != std::string::npos);
+		CHECK(e.find("uid 65534") != std::string::npos);
+		CHECK(e.find("mode 0600") != std::string::npos);
+		CHECK(e.find("not owned by") != std::string::npos);
+		CHECK(e.find("uid 0") != std::string::npos);
+	}
 }
 
 TEST_CASE("protocol: AUTH messages", "[auth][protocol]")

@@ -4,10 +4,12 @@
 // another volume's file, and a clean close is trusted only by the next run.
 #include <catch2/catch.hpp>
 
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <atomic>
 #include <chrono>
+#include <cstdio>
 #include <cstring>
 #include <filesystem>
 #include <stdexcept>
@@ -156,8 +158,95 @@ TEST_CASE("backup: the header: another volume is refused; a clean close is trust
 		std::fputs("precious data", f);
 		std::fclose(f);
 	}
+	REQUIRE(chmod(junk.c_str(), 0600) == 0);
 	CHECK_THROWS_WITH(Backup(options(junk)), Catch::Contains("not an rdmaswap backup file"));
 	CHECK(std::filesystem::file_size(junk) == 13);
+}
+
+namespace {
+std::string open_error(const std::string &path)
+{
+	try {
+		Backup b(options(path));
+	} catch (const std::runtime_error &e) {
+		return e.what();
+	}
+	return "";
+}
+mode_t mode_of(const std::string &path)
+{
+	struct stat st {};
+	REQUIRE(lstat(path.c_str(), &st) == 0);
+	return st.st_mode & 07777;
+}
+} // namespace
+
+TEST_CASE("backup: only a private file of this user is used: never another user's, one others "
+	  "may read, a symbolic link or a FIFO",
+	  "[backup]")
+{
+	TmpDir d;
+	// A new file is made mode 0600 whatever the umask.
+	const std::string made = (d.path / "new").string();
+	const mode_t old_umask = umask(0);
+	CHECK(open_error(made).empty());
+	umask(old_umask);
+	CHECK(mode_of(made) == 0600);
+	CHECK(open_error(made).empty()); // and it is used again
+
+	// An existing empty file others may read (before: adopted, and filled with swap pages).
+	const std::string readable = (d.path / "readable").string();
+	std::FILE *f = std::fopen(readable.c_str(), "w");
+	REQUIRE(f);
+	std::fclose(f);
+	for (const mode_t mode : {0644, 0640, 0604, 0660}) {
+		REQUIRE(chmod(readable.c_str(), mode) == 0);
+		const std::string e = open_error(readable);
+		INFO(e);
+		CHECK(e.find("backup=" + readable + ": ") == 0);
+		char m[16];
+		std::snprintf(m, sizeof m, "mode %04o", unsigned(mode));
+		CHECK(e.find(m) != std::string::npos);
+		CHECK(e.find("open to its group or others") != std::string::npos);
+		CHECK(e.find("plaintext") != std::string::npos);
+		CHECK(std::filesystem::file_size(readable) == 0); // left alone
+	}
+	REQUIRE(chmod(readable.c_str(), 0600) == 0);
+	CHECK(open_error(readable).empty()); // the operator's own empty 0600 file is fine
+
+	// Another user's empty file, even mode 0600 (they could read it, or fill it later).
+	if (geteuid() == 0) {
+		const std::string theirs = (d.path / "theirs").string();
+		f = std::fopen(theirs.c_str(), "w");
+		REQUIRE(f);
+		std::fclose(f);
+		for (const mode_t mode : {0644, 0600}) {
+			REQUIRE(chown(theirs.c_str(), 65534, 65534) == 0);
+			REQUIRE(chmod(theirs.c_str(), mode) == 0);
+			const std::string e = open_error(theirs);
+			INFO(e);
+			CHECK(e.find("backup=" + theirs + ": owned by") == 0);
+			CHECK(e.find("uid 65534") != std::string::npos);
+			CHECK(e.find("not owned by") != std::string::npos);
+			CHECK(std::filesystem::file_size(theirs) == 0);
+		}
+	} else {
+		WARN("not root: cannot give a file to another user, not checked");
+	}
+
+	// A symbolic link: never followed, to a good backup file or to a place to create one.
+	const std::string link = (d.path / "link").string(), dangling = (d.path / "dangling").string();
+	REQUIRE(symlink(made.c_str(), link.c_str()) == 0);
+	CHECK(open_error(link).find("is a symbolic link") != std::string::npos);
+	const std::string target = (d.path / "made-through-link").string();
+	REQUIRE(symlink(target.c_str(), dangling.c_str()) == 0);
+	CHECK(open_error(dangling).find("is a symbolic link") != std::string::npos);
+	CHECK(!std::filesystem::exists(target));
+
+	// A FIFO: refused at once.
+	const std::string fifo = (d.path / "fifo").string();
+	REQUIRE(mkfifo(fifo.c_str(), 0600) == 0);
+	CHECK(open_error(fifo).find("not a regular file (a FIFO)") != std::string::npos);
 }
 
 TEST_CASE("backup: run ids: each start gets a new one and learns the last", "[backup]")

@@ -635,6 +635,26 @@ TEST_CASE("volume: constructor validates servers and options", "[volume]")
 	}
 }
 
+TEST_CASE("volume: a size beyond 2^20 slabs is refused, saying the maximum", "[volume]")
+{
+	// (Before: size=1P was a bare std::bad_alloc from the per-slab table, or worse.)
+	quiet();
+	auto a = backend("m0", 8); // 64 KiB slabs: at most 2^20 x 64 KiB = 64 GiB
+	const uint64_t max = (uint64_t(1) << 20) * SS;
+	for (const uint64_t size : {uint64_t(1) << 50, max + SS}) {
+		std::string msg;
+		try {
+			make_volume({a}, opts(size));
+		} catch (const std::runtime_error &e) {
+			msg = e.what();
+		}
+		INFO("size " << size << ": " << msg);
+		CHECK(msg.find("size=" + std::to_string(size) + " is too large") != std::string::npos);
+		CHECK(msg.find("the maximum size is 64 GiB (68719476736 bytes") != std::string::npos);
+		CHECK(msg.find("64 KiB") != std::string::npos);
+	}
+}
+
 TEST_CASE("volume: a server reporting slab size 0 is rejected with an exception",
 	  "[volume]")
 {

@@ -196,6 +196,28 @@ TEST_CASE("volume key: load-or-create makes a 0600 file and refuses a 0644 one",
 		CHECK(e.find("volume key file " + path) != std::string::npos);
 		CHECK(e.find("accessible by other users") != std::string::npos);
 	}
+	SECTION("a key its group can read, a symbolic link, another user's key are refused")
+	{
+		REQUIRE(chmod(path.c_str(), 0640) == 0);
+		CHECK(load_error(path).find("accessible by other users") != std::string::npos);
+		REQUIRE(chmod(path.c_str(), 0600) == 0);
+		// A link, even to this good key, is not followed (nor is a missing key created
+		// through a dangling one).
+		const std::string link = d.path + "/link.key", dangling = d.path + "/dangling.key";
+		REQUIRE(symlink(path.c_str(), link.c_str()) == 0);
+		CHECK(load_error(link).find("symbolic link") != std::string::npos);
+		REQUIRE(symlink((d.path + "/made-through-link").c_str(), dangling.c_str()) == 0);
+		CHECK(load_error(dangling).find("symbolic link") != std::string::npos);
+		CHECK(access((d.path + "/made-through-link").c_str(), F_OK) != 0);
+		if (geteuid() == 0) {
+			REQUIRE(chown(path.c_str(), 65534, 65534) == 0);
+			const std::string e = load_error(path);
+			CHECK(e.find("volume key file " + path) != std::string::npos);
+			CHECK(e.find("uid 65534") != std::string::npos);
+			REQUIRE(chown(path.c_str(), 0, 0) == 0);
+		}
+		CHECK(load_error(path).empty()); // (and the good key still loads)
+	}
 	SECTION("too short, a directory, or a parent that is a file")
 	{
 		const std::string shorty = d.path + "/short.key";
