@@ -323,7 +323,7 @@ TEST_CASE("volume: a request ends within (kRequestWaits + 2) timeouts, however m
 				    : v->pread(big.data(), uint32_t(big.size()), 0);
 		const auto took = Clock::now() - t0;
 		CHECK(r == EIO);
-		CHECK(took <= 5 * timeout + std::chrono::milliseconds(200));
+		CHECK(took <= 5 * timeout + std::chrono::milliseconds(600)); // (slack: a loaded host)
 	}
 	Bytes one(4096);
 	CHECK(v->pread(one.data(), 4096, 0) == 0); // one chunk fits
