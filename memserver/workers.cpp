@@ -6,6 +6,7 @@
 
 #include <algorithm>
 
+#include "common/log.h"
 #include "common/swap_safety.h"
 
 namespace rdmaswap {
@@ -53,6 +54,28 @@ size_t WorkerPool::backlog() const
 	return handshakes_.size() + jobs_.size();
 }
 
+// A job's exception boundary (docs/architecture.md, "Exception boundaries"): a job that throws
+// (a bug, or std::bad_alloc while it handles a control request) is logged and the worker takes
+// the next one; the connection it served is never handed back, so its loop's deadline ends it.
+void WorkerPool::run_one(std::function<void()> &job) noexcept
+{
+	try {
+		job();
+	} catch (const std::exception &e) {
+		try {
+			logger("memserver")->error("a worker's job failed: {}; its connection is "
+						   "dropped at its deadline",
+						   e.what());
+		} catch (...) {
+		}
+	} catch (...) {
+		try {
+			logger("memserver")->error("a worker's job failed: an unknown exception");
+		} catch (...) {
+		}
+	}
+}
+
 void WorkerPool::run(bool handshakes_only)
 {
 	std::unique_lock lock(mu_);
@@ -68,7 +91,7 @@ void WorkerPool::run(bool handshakes_only)
 		auto job = std::move(q.front());
 		q.pop_front();
 		lock.unlock();
-		job();
+		run_one(job);
 		job = nullptr; // what it captured goes before the lock is taken again
 		lock.lock();
 	}

@@ -46,6 +46,7 @@ public:
 
 private:
 	void run(bool handshakes_only);
+	static void run_one(std::function<void()> &job) noexcept;
 
 	mutable std::mutex mu_;
 	std::condition_variable cv_;    // any job (the workers of both lanes)

@@ -11,9 +11,11 @@
 #include <chrono>
 #include <condition_variable>
 #include <mutex>
+#include <stdexcept>
 #include <thread>
 #include <vector>
 
+#include "common/log.h"
 #include "memserver/sessions.h"
 #include "memserver/workers.h"
 
@@ -196,4 +198,21 @@ TEST_CASE("workers: a handshake runs while every worker is busy with control wor
 		hold.unlock();
 	}
 	CHECK(order == std::vector<int>{0, 1, 2}); // in submission order within the lane
+}
+
+TEST_CASE("workers: a job that throws is logged and the worker takes the next one",
+	  "[sessions][workers]")
+{
+	// Issue 29: no exception reaches std::terminate. Without the boundary the first job's
+	// exception would abort the process.
+	set_log_level("off");
+	std::atomic<int> ran{0};
+	{
+		WorkerPool pool(1);
+		pool.submit([] { throw std::runtime_error("test: a job that throws"); });
+		pool.submit(WorkerPool::Lane::Handshake, [] { throw 42; });
+		pool.submit([&] { ran++; });
+		pool.submit(WorkerPool::Lane::Handshake, [&] { ran++; });
+	} // the destructor runs what is queued
+	CHECK(ran.load() == 2);
 }
