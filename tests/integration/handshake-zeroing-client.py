@@ -28,17 +28,9 @@ import rdmaswap_wire as wire
 
 host, port, key = sys.argv[1], int(sys.argv[2]), wire.load_key(sys.argv[3])
 metrics_url, timeout = sys.argv[4], float(sys.argv[5])
-mult = 3.0 if os.environ.get("RDMASWAP_SANITIZER") or os.environ.get("RDMASWAP_NBDKIT_PRELOAD") \
-    else 1.0
+mult = wire.SLOW
 bound = 1.0 * mult
-failures = []
-
-
-def check(ok, what):
-    if not ok:
-        failures.append(what)
-        print("FAIL: " + what, file=sys.stderr, flush=True)
-    return ok
+check, failures = wire.check, wire.failures
 
 
 def metric(name):

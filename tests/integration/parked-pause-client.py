@@ -26,19 +26,11 @@ import rdmaswap_wire as wire
 
 host, port, key = sys.argv[1], int(sys.argv[2]), wire.load_key(sys.argv[3])
 logfile, pause, timeout = sys.argv[4], float(sys.argv[5]), float(sys.argv[6])
-mult = 3.0 if os.environ.get("RDMASWAP_SANITIZER") or os.environ.get("RDMASWAP_NBDKIT_PRELOAD") \
-    else 1.0
+mult = wire.SLOW
 slack = 1.5 * mult
 secret = os.urandom(32)
 TCP_ESTABLISHED = 1
-failures = []
-
-
-def check(ok, what):
-    if not ok:
-        failures.append(what)
-        print("FAIL: " + what, file=sys.stderr, flush=True)
-    return ok
+check, failures = wire.check, wire.failures
 
 
 def log_has(needle):
@@ -70,16 +62,7 @@ def reads(slab, first_id):
 
 
 def session(rcvbuf=None):
-    s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    if rcvbuf:
-        s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, rcvbuf)
-    s.settimeout(10 * mult)
-    s.connect((host, port))
-    if wire.authenticate(s, key):
-        raise RuntimeError("authentication refused")
-    st, info = wire.hello(s)
-    if st:
-        raise RuntimeError("HELLO answered errno %d" % st)
+    s, info = wire.session(host, port, key, timeout=10 * mult, rcvbuf=rcvbuf)
     st, slab = wire.alloc(s)
     if st:
         raise RuntimeError("ALLOC answered errno %d" % st)

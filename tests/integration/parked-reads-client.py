@@ -25,36 +25,18 @@ import rdmaswap_wire as wire
 
 host, port, key = sys.argv[1], int(sys.argv[2]), wire.load_key(sys.argv[3])
 pid, timeout = int(sys.argv[4]), float(sys.argv[5])
-# Sanitizer builds run everything several times slower (the TSan run uses a 3x multiplier).
-mult = 3.0 if os.environ.get("RDMASWAP_SANITIZER") or os.environ.get("RDMASWAP_NBDKIT_PRELOAD") \
-    else 1.0
+mult = wire.SLOW
 prompt = 3.0 * mult    # a fresh client's handshake, ALLOC and FREE
 slack = 2.0 * mult     # beyond the message timeout, for the loop's 100 ms tick and the load
 hostile_n = 6          # more than the memserver's 4 workers
 TCP_ESTABLISHED = 1    # tcpi_state, the first byte of struct tcp_info
-failures = []
-
-
-def check(ok, what):
-    if not ok:
-        failures.append(what)
-        print("FAIL: " + what, file=sys.stderr, flush=True)
-    return ok
+check, failures = wire.check, wire.failures
 
 
 def hostile():
     """One connection that ALLOCs a slab, then sends 8 READs of 1 MiB and a FREE of it, reading
     none of the replies. Returns the socket (kept open)."""
-    s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    # Before connect, so that the window the memserver sees stays tiny.
-    s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
-    s.settimeout(prompt)
-    s.connect((host, port))
-    if wire.authenticate(s, key):
-        raise RuntimeError("authentication refused")
-    st, _ = wire.hello(s)
-    if st:
-        raise RuntimeError("HELLO refused: errno %d" % st)
+    s, _ = wire.session(host, port, key, timeout=prompt, rcvbuf=4096)  # a tiny window
     st, slab = wire.alloc(s)
     if st:
         raise RuntimeError("ALLOC refused: errno %d" % st)

@@ -7,6 +7,7 @@ import hmac
 import os
 import socket
 import struct
+import sys
 
 MAGIC, VERSION = 0x57534452, 2
 HELLO, ALLOC, FREE, READ, WRITE, STATS, LIST = 1, 2, 3, 4, 5, 6, 7
@@ -14,6 +15,23 @@ AUTH, AUTH_PROOF = 16, 17
 RESPONSE = 1
 EACCES, ENOENT, EPERM = 13, 2, 1
 HEADER = struct.Struct("<IBBHIIQQ")
+
+
+# Sanitizer builds run everything several times slower (the TSan run uses a 3x multiplier):
+# a test client's time bounds are multiplied by this.
+SLOW = 3.0 if os.environ.get("RDMASWAP_SANITIZER") or os.environ.get("RDMASWAP_NBDKIT_PRELOAD") \
+    else 1.0
+
+# A test client's failed checks (check()): it exits 1 if there is any.
+failures = []
+
+
+def check(ok, what):
+    """Record and print `what` as a failure unless `ok`; returns `ok`."""
+    if not ok:
+        failures.append(what)
+        print("FAIL: " + what, file=sys.stderr, flush=True)
+    return ok
 
 
 class Closed(Exception):
@@ -90,9 +108,16 @@ def connect(host, port, timeout=10):
     return socket.create_connection((host, port), timeout=timeout)
 
 
-def session(host, port, key):
-    """An authenticated connection with a new session: (socket, hello reply)."""
-    s = connect(host, port)
+def session(host, port, key, timeout=10, rcvbuf=None):
+    """An authenticated connection with a new session: (socket, hello reply). `rcvbuf`: the
+    socket's SO_RCVBUF, set before connecting (so that the window the peer sees stays small)."""
+    if rcvbuf:
+        s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, rcvbuf)
+        s.settimeout(timeout)
+        s.connect((host, port))
+    else:
+        s = connect(host, port, timeout)
     st = authenticate(s, key)
     if st:
         raise RuntimeError("authentication refused: errno %d" % st)
