@@ -282,6 +282,16 @@ start_nbdkit() {
     log "nbdkit pid $NBDKIT_PID on $NBDKIT_SOCK: $(basename "$plugin") $*"
 }
 
+# stop_nbdkit_clean: SIGTERM to $NBDKIT_PID; nbdkit must exit 0 within 20 s.
+stop_nbdkit_clean() {
+    local rc=0
+    kill -TERM "$NBDKIT_PID"
+    for _ in $(seq 200); do kill -0 "$NBDKIT_PID" 2>/dev/null || break; sleep 0.1; done
+    kill -0 "$NBDKIT_PID" 2>/dev/null && fail "nbdkit did not exit within 20 s of SIGTERM"
+    wait "$NBDKIT_PID" || rc=$?
+    [[ $rc == 0 ]] || fail "nbdkit exited with $rc after SIGTERM"
+}
+
 # nbdsh_run [NBDSH_ARGS...]: nbdsh bounded in time (NBDSH_TIMEOUT seconds, default 50).
 nbdsh_run() {
     timeout "${NBDSH_TIMEOUT:-50}" nbdsh "$@"

@@ -33,15 +33,6 @@ donor_is() { status | grep -q "^donor\.[0-9]*=$1 state=$2 "; }
 errors() { grep 'error:' "$1" || true; }
 plugin_args=(etcd="$ETCD_ENDPOINTS" etcd-prefix="$prefix" size=24M replicas=2 timeout=5
              statusfile="$tmpdir/status")
-# stop_nbdkit: SIGTERM, and nbdkit must exit 0 within 20 s.
-stop_nbdkit() {
-    local rc=0
-    kill -TERM "$NBDKIT_PID"
-    for _ in $(seq 200); do kill -0 "$NBDKIT_PID" 2>/dev/null || break; sleep 0.1; done
-    kill -0 "$NBDKIT_PID" 2>/dev/null && fail "nbdkit did not exit within 20 s of SIGTERM"
-    wait "$NBDKIT_PID" || rc=$?
-    [[ $rc == 0 ]] || fail "nbdkit exited with $rc after SIGTERM"
-}
 
 # ---- 1. First start, clean shutdown ----
 old_pids=() old_addrs=()
@@ -53,7 +44,7 @@ done
 start_nbdkit first -- "${plugin_args[@]}" lease=0
 for a in "${old_addrs[@]}"; do wait_until 10 "donor $a in use" donor_is "$a" ok; done
 nbdsh_run -u "$NBDKIT_URI" -c 'h.pwrite(b"\x5a" * 65536, 0)' || fail "first write failed"
-stop_nbdkit
+stop_nbdkit_clean
 [[ -z $(errors "$NBDKIT_LOG") ]] ||
     fail "a first start and a clean shutdown logged errors: $(errors "$NBDKIT_LOG")"
 log "first start and clean shutdown: no error line"
@@ -131,7 +122,7 @@ assert not missing, "not in the record %s: %s" % (donors, missing)
 assert donors == sorted(donors), donors
 EOF
 log "runtime donor $c_addr holds $c_used slabs; 24 MiB read back; the record keeps the dead donors"
-stop_nbdkit
+stop_nbdkit_clean
 
 # ---- 4. lease=0: the donors not contacted leave the record ----
 rm -f "$tmpdir/status"
@@ -146,6 +137,6 @@ import json, sys
 donors = json.load(open(sys.argv[1]))["donors"]
 assert sorted(donors) == sorted(sys.argv[2:]), "the record names %s, expected %s" % (donors, sys.argv[2:])
 EOF
-stop_nbdkit
+stop_nbdkit_clean
 log "lease=0 restart: the record names the 3 live donors only"
 log "PASS"

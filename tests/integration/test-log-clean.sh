@@ -17,22 +17,13 @@ start_memserver 32M 1M
 b_addr=$MEMSERVER_ADDR
 args=(server="$a_addr" server="$b_addr" size=8M lease=60 timeout=5)
 errors() { grep 'error:' "$1" || true; }
-# stop_clean: SIGTERM; nbdkit exits 0 within 20 s.
-stop_clean() {
-    local rc=0
-    kill -TERM "$NBDKIT_PID"
-    for _ in $(seq 200); do kill -0 "$NBDKIT_PID" 2>/dev/null || break; sleep 0.1; done
-    kill -0 "$NBDKIT_PID" 2>/dev/null && fail "nbdkit did not exit within 20 s of SIGTERM"
-    wait "$NBDKIT_PID" || rc=$?
-    [[ $rc == 0 ]] || fail "nbdkit exited with $rc after SIGTERM"
-}
 
 start_nbdkit first -- "${args[@]}"
 nbdsh_run -u "$NBDKIT_URI" -c '
 h.pwrite(b"\x6b" * (3 << 20), 1 << 20)
 assert h.pread(3 << 20, 1 << 20) == b"\x6b" * (3 << 20)
 ' || fail "first run: write and read back failed"
-stop_clean
+stop_nbdkit_clean
 first=$NBDKIT_LOG
 [[ -z $(errors "$first") ]] || fail "a first start and a clean shutdown logged: $(errors "$first")"
 grep -q 'warning: volume: no memserver kept anything' "$first" ||
@@ -42,7 +33,7 @@ start_nbdkit second -- "${args[@]}"
 nbdsh_run -u "$NBDKIT_URI" -c '
 assert h.pread(3 << 20, 1 << 20) == b"\x6b" * (3 << 20), "not reattached"
 ' || fail "restart: the volume was not reattached"
-stop_clean
+stop_nbdkit_clean
 [[ -z $(errors "$NBDKIT_LOG") ]] || fail "a restart and a clean shutdown logged: $(errors "$NBDKIT_LOG")"
 log "first start, restart (reattached) and both shutdowns: no error line"
 log "PASS"
