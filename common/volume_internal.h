@@ -72,8 +72,9 @@ private:
 	unsigned n_ = 0;
 };
 
-// A request's waits end by its start + this many timeouts (Volume::RequestScope).
-inline constexpr unsigned kRequestWaits = 3;
+// A request's waits end by its start + this many timeouts (Volume::RequestScope): as long
+// as one wait of it could take before (the lock and path bound, kMaxReplicas + 2), now for all.
+inline constexpr unsigned kRequestWaits = 5;
 
 inline int64_t now_ns()
 {

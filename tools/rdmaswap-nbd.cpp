@@ -115,7 +115,7 @@ struct Options {
 	unsigned connections = 1;
 	uint64_t block_size = 4096;
 	uint64_t dead_conn_timeout = 60;
-	uint64_t timeout = 60;
+	uint64_t timeout = 80;
 	unsigned wait = 60;
 };
 
@@ -664,7 +664,7 @@ int usage(FILE *out)
 		     "  --dead-conn-timeout SECONDS  requests wait this long for `reconnect` when every\n"
 		     "                             connection is dead (default 60)\n"
 		     "  --timeout SECONDS          a request unanswered this long marks its connection\n"
-		     "                             dead and is requeued (default 60; 0 = never)\n"
+		     "                             dead and is requeued (default 80; 0 = never)\n"
 		     "  --export NAME              the export name (default \"\")\n"
 		     "  --wait SECONDS             how long to wait for the socket to accept (default 60)\n"
 		     "  --statusfile PATH          reconnect: the plugin's statusfile=; refuse when the\n"

@@ -68,7 +68,7 @@ cat >"$tmpdir/want.txt" <<WANT
 # config: $conf
 ulimit -s 1024
 nbdkit --swap -f -U $sock -t 4 $PLUGIN server=$MEMSERVER_ADDR size=64M transport=tcp channels=4 timeout=5 replicas=1 statusfile=$tmpdir/status auth-key=$AUTH_KEY
-rdmaswap-nbd connect --socket $sock --device /dev/nbd7 --connections 2 --block-size 4096 --dead-conn-timeout 120 --timeout 60
+rdmaswap-nbd connect --socket $sock --device /dev/nbd7 --connections 2 --block-size 4096 --dead-conn-timeout 120 --timeout 80
 mkswap /dev/nbd7
 swapon --priority 5 --discard=once /dev/nbd7
 rdmaswap-nbd reconnect --socket $sock --device /dev/nbd7 --connections 2 --statusfile $tmpdir/status
