@@ -115,14 +115,7 @@ public:
 		if (text.size() > kMaxPayload)
 			put("...");
 		put("\n");
-		for (size_t off = 0; off < n;) {
-			const ssize_t w = ::write(fd_, buf + off, n - off);
-			if (w < 0 && errno == EINTR)
-				continue;
-			if (w <= 0)
-				break;
-			off += size_t(w);
-		}
+		(void)write_fully(fd_, buf, n);
 		errno = saved_errno;
 	}
 	void flush() override {}
@@ -205,6 +198,19 @@ std::string log_summary(std::span<const std::pair<std::string, std::string>> ite
 	if (shown < items.size())
 		out += " and " + std::to_string(items.size() - shown) + " more";
 	return out;
+}
+
+bool write_fully(int fd, const char *p, size_t n)
+{
+	for (size_t off = 0; off < n;) {
+		const ssize_t w = ::write(fd, p + off, n - off);
+		if (w < 0 && errno == EINTR)
+			continue;
+		if (w <= 0)
+			return false;
+		off += size_t(w);
+	}
+	return true;
 }
 
 bool LogLimiter::allow(uint64_t &suppressed)

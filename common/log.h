@@ -48,6 +48,10 @@ spdlog::sink_ptr make_fd_sink(int fd);
 std::string log_summary(std::span<const std::pair<std::string, std::string>> items,
 			size_t max = 8);
 
+// Write all `n` bytes at `p` to `fd`, retrying after EINTR and short writes; false if a write
+// failed (errno says why). No allocation (log sinks use it).
+bool write_fully(int fd, const char *p, size_t n);
+
 // Lets through at most `burst` messages per `period` and counts the rest, so that what a
 // hostile peer provokes (failed logins, connection floods) cannot flood the log. Thread-safe.
 class LogLimiter {

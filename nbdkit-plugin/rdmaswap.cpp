@@ -139,14 +139,7 @@ void log_warning(std::string_view name, std::string_view text)
 		put(": ");
 		put(text);
 		buf[n++] = '\n';
-		for (size_t off = 0; off < n;) {
-			const ssize_t w = ::write(STDERR_FILENO, buf + off, n - off);
-			if (w < 0 && errno == EINTR)
-				continue;
-			if (w <= 0)
-				break;
-			off += size_t(w);
-		}
+		(void)write_fully(STDERR_FILENO, buf, n);
 		break;
 	}
 	}
@@ -301,17 +294,8 @@ private:
 				      O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0644);
 		if (fd < 0)
 			return;
-		size_t done = 0;
-		while (done < text.size()) {
-			const ssize_t n = ::write(fd, text.data() + done, text.size() - done);
-			if (n < 0 && errno == EINTR)
-				continue;
-			if (n <= 0)
-				break;
-			done += size_t(n);
-		}
-		if (::close(fd) == 0 && done == text.size() &&
-		    std::rename(tmp.c_str(), path.c_str()) == 0)
+		const bool written = write_fully(fd, text.data(), text.size());
+		if (::close(fd) == 0 && written && std::rename(tmp.c_str(), path.c_str()) == 0)
 			return;
 		::unlink(tmp.c_str());
 	}
