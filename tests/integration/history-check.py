@@ -556,8 +556,11 @@ def describe(ev, t_base):
 for block, evs in history.items():
     violations.extend((block, ev, why) for ev, why in check_block(block, evs))
 
+# The proxies' logs, read once: faults by kind, late deliveries, and every fault and release
+# (with its time) to interleave with a violating block's history.
 faults = collections.Counter()
 late = 0
+fault_events = []
 for path in args.proxy_log:
     try:
         with open(path) as f:
@@ -567,20 +570,12 @@ for path in args.proxy_log:
                     faults[m.group(1)] += 1
                 if line.startswith("RELEASE") and "after-close" in line and " bytes=0 " not in line:
                     late += 1
-    except OSError as e:
-        print("history-check: cannot read %s: %s" % (path, e), file=sys.stderr)
-
-fault_events = []
-for path in args.proxy_log:
-    try:
-        with open(path) as f:
-            for line in f:
                 m = re.match(r"(FAULT|RELEASE) t=(\S+) (.*)", line)
                 if m:
                     fault_events.append((float(m.group(2)), "%s %s %s" % (
                         os.path.basename(path), m.group(1).lower(), m.group(3))))
-    except OSError:
-        pass
+    except OSError as e:
+        print("history-check: cannot read %s: %s" % (path, e), file=sys.stderr)
 
 shown = set()
 for block, ev, why in violations:
