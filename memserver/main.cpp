@@ -12,6 +12,7 @@
 #include "common/auth.h"
 #include "common/config.h"
 #include "common/etcd.h"
+#include "common/guarded_main.h"
 #include "common/log.h"
 #include "common/swap_safety.h"
 #include "memserver/metrics_http.h"
@@ -255,17 +256,7 @@ int run(int argc, char **argv)
 
 } // namespace
 
-// The process's exception boundary (docs/architecture.md, "Exception boundaries"): whatever
-// escapes run() is reported and the memserver exits with status 1, never through
-// std::terminate.
 int main(int argc, char **argv)
 {
-	try {
-		return run(argc, argv);
-	} catch (const std::exception &e) {
-		std::fprintf(stderr, "rdmaswap-memserver: %s\n", e.what());
-	} catch (...) {
-		std::fprintf(stderr, "rdmaswap-memserver: an unknown exception\n");
-	}
-	return 1;
+	return rdmaswap::guarded_main("rdmaswap-memserver", run, argc, argv);
 }

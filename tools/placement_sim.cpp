@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "common/donor_set.h"
+#include "common/guarded_main.h"
 #include "common/placement.h"
 
 namespace {
@@ -270,15 +271,7 @@ static int run(int argc, char **argv)
 	return 0;
 }
 
-// The program's exception boundary: what the command throws is reported, never std::terminate.
 int main(int argc, char **argv)
 {
-	try {
-		return run(argc, argv);
-	} catch (const std::exception &e) {
-		std::fprintf(stderr, "%s: %s\n", "placement-sim", e.what());
-	} catch (...) {
-		std::fprintf(stderr, "%s: unexpected failure\n", "placement-sim");
-	}
-	return 1;
+	return rdmaswap::guarded_main("placement-sim", run, argc, argv);
 }

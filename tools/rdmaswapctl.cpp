@@ -13,6 +13,7 @@
 
 #include "common/config.h"
 #include "common/err_text.h"
+#include "common/guarded_main.h"
 #include "common/tcp/rpc.h"
 
 namespace {
@@ -410,15 +411,7 @@ static int run(int argc, char **argv)
 	return rc;
 }
 
-// The program's exception boundary: what the command throws is reported, never std::terminate.
 int main(int argc, char **argv)
 {
-	try {
-		return run(argc, argv);
-	} catch (const std::exception &e) {
-		std::fprintf(stderr, "%s: %s\n", "rdmaswapctl", e.what());
-	} catch (...) {
-		std::fprintf(stderr, "%s: unexpected failure\n", "rdmaswapctl");
-	}
-	return 1;
+	return rdmaswap::guarded_main("rdmaswapctl", run, argc, argv);
 }
