@@ -206,6 +206,7 @@ python3 - "$build_failures" "${logs[@]}" <<'PY'
 import json, sys
 passed = skipped = 0
 failed = int(sys.argv[1])
+failures = []  # named just above the summary, so that a log's tail says which
 for path in sys.argv[2:]:
     try:
         lines = [l for l in open(path).read().splitlines() if l.strip()]
@@ -213,14 +214,19 @@ for path in sys.argv[2:]:
         lines = []
     if not lines:
         failed += 1  # a test run that recorded nothing
+        failures.append(f"{path}: no test recorded")
     for line in lines:
-        r = json.loads(line).get("result", "")
+        t = json.loads(line)
+        r = t.get("result", "")
         if r in ("OK", "EXPECTEDFAIL"):
             passed += 1
         elif r == "SKIP":
             skipped += 1
         else:
             failed += 1
+            failures.append(f"{path}: {t.get('name', '?')} {r} after {t.get('duration', 0):.0f} s")
+for f in failures:
+    print(f"FAILED {f}")
 print(f"{passed} passed, {failed} failed, {skipped} skipped")
 PY
 exit $rc
