@@ -428,9 +428,12 @@ template <Name what, typename R, typename... A, R (*fn)(A...)> struct Boundary<w
 
 // Test hooks (RDMASWAP_TEST_THROW, read once at load; comma-separated): "write" makes the
 // first write request throw inside its callback, "membership" the first three steps of the
-// membership thread (tests/integration/test-exception-boundary.sh). Unset in production.
+// membership thread (tests/integration/test-exception-boundary.sh), "start" the start-up
+// (after_fork) once the volume's and the membership's threads run (test-exception-boundary.sh).
+// Unset in production.
 std::atomic<int> g_throw_writes{0};
 unsigned g_throw_steps = 0;
+bool g_throw_start = false;
 
 void read_test_hooks()
 {
@@ -442,6 +445,8 @@ void read_test_hooks()
 		g_throw_writes = 1;
 	if (s.find(",membership,") != std::string::npos)
 		g_throw_steps = 3;
+	if (s.find(",start,") != std::string::npos)
+		g_throw_start = true;
 }
 
 void rdmaswap_load()
@@ -454,7 +459,10 @@ void rdmaswap_load()
 	read_test_hooks();
 }
 
-void rdmaswap_unload()
+// Stops every thread the plugin started and frees what they use, in that order. At unload,
+// and when the start fails after threads were started: nbdkit then exits, and a thread still
+// running while exit() destroys the globals and OpenSSL's state would crash it (finding S11).
+void stop_threads()
 {
 	// Nothing is served any more: no wait of the teardown below (a repair thread's control
 	// call) may hold up the exit.
@@ -464,6 +472,11 @@ void rdmaswap_unload()
 	g_membership.reset(); // its threads use the volume
 	g_volume.reset();
 	g_rdma.reset();
+}
+
+void rdmaswap_unload()
+{
+	stop_threads();
 }
 
 void rdmaswap_dump_plugin()
@@ -988,7 +1001,7 @@ static std::unique_ptr<Server> connect_donor(const Endpoint &ep)
 	return std::make_unique<RemoteServer>(o);
 }
 
-int rdmaswap_after_fork()
+static int start_serving()
 {
 	log_destination_after_fork();
 	// A swap server whose own pages can be swapped out deadlocks under pressure. nbdkit --swap
@@ -1105,6 +1118,8 @@ int rdmaswap_after_fork()
 		g_membership = std::make_unique<Membership>(*g_volume, connect_donor, std::move(mo),
 							    plan.start);
 		g_membership->start();
+		if (g_throw_start)
+			throw std::runtime_error("test fault (RDMASWAP_TEST_THROW=start)");
 	} catch (const std::exception &e) {
 		nbdkit_error("rdmaswap: %s", e.what());
 		return -1;
@@ -1116,6 +1131,14 @@ int rdmaswap_after_fork()
 		     (unsigned long long)g_cfg.size, g_reachable.size(), transport_name(g_chosen),
 		     (unsigned long long)g_volume->slab_size(), g_cfg.replicas);
 	return 0;
+}
+
+int rdmaswap_after_fork()
+{
+	const int r = start_serving();
+	if (r)
+		stop_threads(); // before nbdkit exits (S11)
+	return r;
 }
 
 void *rdmaswap_open(int)

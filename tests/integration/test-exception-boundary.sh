@@ -5,7 +5,8 @@
 # request throws inside its callback, and the first three steps of the membership thread throw.
 # The write fails with EIO and the next ones succeed; the membership thread logs one error and
 # carries on (a donor down at start joins once it answers); nbdkit never aborts, every byte
-# reads back, and SIGTERM still ends it cleanly.
+# reads back, and SIGTERM still ends it cleanly. Then RDMASWAP_TEST_THROW=start fails the start
+# once the volume's and the membership's threads run: nbdkit exits 1, never of a signal (S11).
 set -euo pipefail
 source "$(dirname "$0")/functions.sh"
 requires nbdkit --version
@@ -54,4 +55,20 @@ rc=0
 wait "$NBDKIT_PID" || rc=$?
 [[ $rc == 0 ]] || fail "nbdkit exited with $rc after SIGTERM"
 log "a write that threw failed with EIO; 3 membership steps that threw logged once; nbdkit served on"
+
+# ---- A start-up that fails once the volume's threads run (S11): a clean exit 1, no crash ----
+# (RDMASWAP_TEST_THROW=start throws at the end of after_fork; before the fix the threads ran on
+# while exit() tore the globals and OpenSSL down, and nbdkit died of a signal.)
+start_log=$tmpdir/nbdkit-start.log
+rc=0
+for i in 1 2 3; do
+    RDMASWAP_TEST_THROW=start timeout 30 nbdkit -f -U "$tmpdir/start-$i.sock" "$PLUGIN" \
+        server="$a_addr" size=8M replicas=1 lease=0 timeout=5 auth-key="$AUTH_KEY" </dev/null >"$start_log" 2>&1 || rc=$?
+    [[ $rc == 1 ]] || fail "a failed start exited with $rc, not 1: $(tail -n 5 "$start_log")"
+    grep -q 'test fault (RDMASWAP_TEST_THROW=start)' "$start_log" ||
+        fail "the start's failure was not logged: $(tail -n 5 "$start_log")"
+    grep -qE 'terminate called|Segmentation|Aborted|sanitizer' "$start_log" &&
+        fail "a failed start crashed: $(tail -n 5 "$start_log")"
+done
+log "a start that failed after its threads started exited 1, 3 of 3, no crash"
 log "PASS"
