@@ -81,6 +81,13 @@ AuthKey::~AuthKey()
 	OPENSSL_cleanse(key_.data(), key_.size());
 }
 
+std::shared_ptr<const AuthKey> AuthKey::with_donor_check(std::shared_ptr<DonorVerifier> donors) const
+{
+	auto k = std::make_shared<AuthKey>(key_);
+	k->donors_ = std::move(donors);
+	return k;
+}
+
 Mac AuthKey::mac(const char *label, std::initializer_list<std::span<const std::byte>> parts) const
 {
 	return hmac(key_, label, parts);
@@ -206,6 +213,7 @@ bool AuthClient::check(const Nonce &server_nonce, const Mac &server_mac, Mac &pr
 	const Mac want = key_.mac(kServerLabel, {nc_, server_nonce});
 	if (!mac_equal(want, server_mac))
 		return false;
+	ns_ = server_nonce;
 	proof = key_.mac(kClientLabel, {nc_, server_nonce});
 	attach_ = key_.mac(kAttachLabel, {nc_, server_nonce});
 	return true;

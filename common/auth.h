@@ -22,6 +22,8 @@
 
 namespace rdmaswap {
 
+class DonorVerifier; // common/donor_cert.h
+
 inline constexpr size_t kNonceSize = 32;
 inline constexpr size_t kMacSize = 32;
 // Shortest key file accepted (after trailing whitespace is stripped).
@@ -45,9 +47,18 @@ public:
 	// server holding two keys (during a rotation) pick the one the client uses.
 	uint64_t id() const { return id_; }
 
+	// The client's donor check (donor-ca=, docs/security.md "Roles"): a copy of this key
+	// that, when a client connects with it (connect_memserver), also requires the server to
+	// prove a donor certificate `donors` accepts. The key travels to every place that
+	// connects to a memserver (control, data, probe connections), so the check does too.
+	std::shared_ptr<const AuthKey> with_donor_check(std::shared_ptr<DonorVerifier> donors) const;
+	// The verifier of with_donor_check, or null: any server holding the key is accepted.
+	DonorVerifier *donor_check() const { return donors_.get(); }
+
 private:
 	std::vector<std::byte> key_;
 	uint64_t id_ = 0;
+	std::shared_ptr<DonorVerifier> donors_;
 };
 
 // Read a key file: a regular file (opened with O_NOFOLLOW and O_NONBLOCK: a symbolic link is
@@ -79,6 +90,9 @@ public:
 	const Mac &attach_key() const { return attach_; }
 	// Valid once authenticated(): the id of the key the peer proved it holds.
 	uint64_t key_id() const { return key_ ? key_->id() : 0; }
+	// Valid once authenticated(): the nonces of this exchange (a DONOR_PROOF signs them).
+	const Nonce &client_nonce() const { return nc_; }
+	const Nonce &server_nonce() const { return ns_; }
 
 private:
 	std::span<const std::shared_ptr<const AuthKey>> keys_;
@@ -98,10 +112,12 @@ public:
 	// attach_key() the key for RDMA attaches to the session this connection creates.
 	bool check(const Nonce &server_nonce, const Mac &server_mac, Mac &proof);
 	const Mac &attach_key() const { return attach_; }
+	// Valid once check() succeeded: the server's nonce (a DONOR_PROOF signs it).
+	const Nonce &server_nonce() const { return ns_; }
 
 private:
 	const AuthKey &key_;
-	Nonce nc_{};
+	Nonce nc_{}, ns_{};
 	Mac attach_{};
 };
 

@@ -2,6 +2,7 @@
 // Encoding and validating decoding of rdmaswap protocol messages.
 #include "common/protocol.h"
 
+#include <algorithm>
 #include <cstring>
 
 namespace rdmaswap::proto {
@@ -71,6 +72,7 @@ const char *op_name(Op op)
 	case Op::VolumeList: return "VOLUME_LIST";
 	case Op::Auth: return "AUTH";
 	case Op::AuthProof: return "AUTH_PROOF";
+	case Op::DonorProof: return "DONOR_PROOF";
 	}
 	return "UNKNOWN";
 }
@@ -95,6 +97,7 @@ long request_body_size(Op op)
 	case Op::VolumeList: return kVolumeListRequestSize;
 	case Op::Auth: return kAuthRequestSize;
 	case Op::AuthProof: return kAuthProofRequestSize;
+	case Op::DonorProof: return kDonorProofRequestSize;
 	}
 	return -1;
 }
@@ -119,6 +122,7 @@ long reply_body_size(Op op)
 	case Op::VolumeList: return 4; // plus the entries
 	case Op::Auth: return kAuthReplySize;
 	case Op::AuthProof: return 0;
+	case Op::DonorProof: return kDonorProofSigSize + 1; // at least; plus the certificate
 	}
 	return -1;
 }
@@ -183,6 +187,9 @@ Status decode_header(std::span<const std::byte, kHeaderSize> in, Header &out)
 		} else if (h.op == Op::VolumeList) {
 			if (h.body_len < 4 || h.body_len > kMaxIo)
 				return Status::fail("VOLUME_LIST reply length out of range");
+		} else if (h.op == Op::DonorProof) {
+			if (h.body_len < fixed || h.body_len > kMaxDonorProofReply)
+				return Status::fail("DONOR_PROOF reply length out of range");
 		} else if (h.body_len != fixed) {
 			return Status::fail("reply body length does not match op");
 		}
@@ -265,6 +272,27 @@ Status decode(std::span<const std::byte> in, AuthProofRequest &m)
 	In i(in);
 	i.get_bytes(m.client_mac);
 	return {};
+}
+
+void encode(const DonorProofRequest &m, std::span<std::byte> out)
+{
+	Out o(out.first<kDonorProofRequestSize>());
+	o.put_bytes(std::as_bytes(std::span(m.dialled)));
+}
+
+Status decode(std::span<const std::byte> in, DonorProofRequest &m)
+{
+	if (in.size() != kDonorProofRequestSize)
+		return Status::fail("DONOR_PROOF body has the wrong size");
+	In i(in);
+	i.get_bytes(std::as_writable_bytes(std::span(m.dialled)));
+	return {};
+}
+
+std::string_view dialled_text(const DonorProofRequest &m)
+{
+	const auto *end = std::find(m.dialled.begin(), m.dialled.end(), '\0');
+	return {m.dialled.data(), size_t(end - m.dialled.begin())};
 }
 
 void encode(const HelloRequest &m, std::span<std::byte> out)

@@ -42,6 +42,10 @@ enum class Op : uint8_t {
 	// from the session ops.
 	Auth = 16,
 	AuthProof = 17,
+	// Donor certificates (common/donor_cert.h): after AUTH_PROOF and before HELLO, a plugin
+	// with donor-ca= asks the memserver to prove it is a certified donor. Optional: a plugin
+	// without donor-ca= never sends it.
+	DonorProof = 18,
 };
 
 inline constexpr uint16_t kFlagResponse = 1;
@@ -229,6 +233,19 @@ struct AuthProofRequest {             // 32 bytes; the reply has no body
 	std::array<std::byte, 32> client_mac{};
 };
 
+// DONOR_PROOF (needs authentication): the reply is the memserver's donor certificate
+// (donor_cert.h's encoding) followed by the 64-byte Ed25519 signature under the certified key
+// of donor_proof_message(client nonce, server nonce of this connection's AUTH, `dialled`).
+// ENOENT: the memserver has no certificate (run without --donor-cert).
+struct DonorProofRequest {            // 64 bytes
+	std::array<char, 64> dialled{}; // the address the client connected to (SockAddr::str())
+};
+inline constexpr size_t kDonorProofRequestSize = 64;
+inline constexpr size_t kDonorProofSigSize = 64;
+inline constexpr size_t kMaxDonorProofReply = 2048; // certificate + signature
+// The address text of a DonorProofRequest (up to its first NUL).
+std::string_view dialled_text(const DonorProofRequest &m);
+
 inline constexpr size_t kAuthRequestSize = 48;
 inline constexpr size_t kAuthReplySize = 64;
 inline constexpr size_t kAuthProofRequestSize = 32;
@@ -274,6 +291,7 @@ long reply_body_size(Op op);
 void encode(const AuthRequest &m, std::span<std::byte> out);
 void encode(const AuthReply &m, std::span<std::byte> out);
 void encode(const AuthProofRequest &m, std::span<std::byte> out);
+void encode(const DonorProofRequest &m, std::span<std::byte> out);
 void encode(const HelloRequest &m, std::span<std::byte> out);
 void encode(const HelloReply &m, std::span<std::byte> out);
 void encode(const AllocReply &m, std::span<std::byte> out);
@@ -291,6 +309,7 @@ void encode(const GiveBackReply &m, std::span<std::byte> out);
 Status decode(std::span<const std::byte> in, AuthRequest &m);
 Status decode(std::span<const std::byte> in, AuthReply &m);
 Status decode(std::span<const std::byte> in, AuthProofRequest &m);
+Status decode(std::span<const std::byte> in, DonorProofRequest &m);
 Status decode(std::span<const std::byte> in, HelloRequest &m);
 Status decode(std::span<const std::byte> in, HelloReply &m);
 Status decode(std::span<const std::byte> in, AllocReply &m);

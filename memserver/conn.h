@@ -162,6 +162,7 @@ struct Memserver::Handlers {
 
 	static Next auth(Memserver &m, Request &r);
 	static Next auth_proof(Memserver &m, Request &r);
+	static Next donor_proof(Memserver &m, Request &r);
 	static Next hello(Memserver &m, Request &r);
 	static Next alloc(Memserver &m, Request &r); // ALLOC and ALLOC_TAGGED
 	static Next free_slab(Memserver &m, Request &r);

@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include "common/donor_cert.h"
 #include "common/err_text.h"
 #include "common/log.h"
 #include "memserver/conn.h"
@@ -45,14 +46,15 @@ const Memserver::Handlers::Entry &Memserver::Handlers::of(proto::Op op)
 	// Indexed by op number. Entries: handler, allowed before authentication, needs a
 	// session, needs the admin key, runs on a worker. READ and WRITE are the loop's own
 	// (memserver/loop.cpp): no handler here.
-	static const std::array<Entry, 18> table = [] {
-		std::array<Entry, 18> t{};
+	static const std::array<Entry, 19> table = [] {
+		std::array<Entry, 19> t{};
 		auto set = [&](Op o, Fn fn, bool before_auth, bool needs_session, bool admin,
 			       bool blocking) {
 			t[size_t(o)] = Entry{fn, before_auth, needs_session, admin, blocking};
 		};
 		set(Op::Auth, &auth, true, false, false, false);
 		set(Op::AuthProof, &auth_proof, true, false, false, false);
+		set(Op::DonorProof, &donor_proof, false, false, false, true); // Ed25519 signing
 		set(Op::Hello, &hello, false, false, false, true);     // joins, fences
 		set(Op::Alloc, &alloc, false, true, false, true);      // ibv_reg_mr
 		set(Op::AllocTagged, &alloc, false, true, false, true);
@@ -121,6 +123,24 @@ Memserver::Next Memserver::Handlers::auth_proof(Memserver &m, Request &r)
 				[id](const auto &k) { return k->id() == id; });
 	logger("memserver")->debug("{}: authenticated{}", r.c.peer, r.c.admin ? " (admin)" : "");
 	return reply(m, r, 0);
+}
+
+// DONOR_PROOF: our certificate and the signature, under the certified key, of this
+// connection's nonces and the address the client dialled (donor_cert.h). The client checks that
+// address against the certificate, so a proof is good for one connection to one address only.
+Memserver::Next Memserver::Handlers::donor_proof(Memserver &m, Request &r)
+{
+	proto::DonorProofRequest req;
+	if (!decode(r, req))
+		return Next::Malformed;
+	if (!m.opts_.donor_key || m.opts_.donor_cert.empty() || m.opts_.insecure)
+		return reply(m, r, ENOENT);
+	const auto msg = donor_proof_message(r.c.auth.client_nonce(), r.c.auth.server_nonce(),
+					     proto::dialled_text(req));
+	const Signature sig = donor_sign(*m.opts_.donor_key, msg);
+	std::vector<std::byte> out(m.opts_.donor_cert);
+	out.insert(out.end(), sig.begin(), sig.end());
+	return reply(m, r, 0, out);
 }
 
 Memserver::Next Memserver::Handlers::hello(Memserver &m, Request &r)

@@ -1,5 +1,7 @@
 // SPDX-License-Identifier: MIT
 // rdmaswap-memserver: donate this host's memory as slabs to rdmaswap clients.
+#include <algorithm>
+#include <chrono>
 #include <csignal>
 #include <memory>
 #include <cstdio>
@@ -11,6 +13,7 @@
 
 #include "common/auth.h"
 #include "common/config.h"
+#include "common/donor_cert.h"
 #include "common/etcd.h"
 #include "common/guarded_main.h"
 #include "common/log.h"
@@ -27,6 +30,70 @@ void on_signal(int)
 	if (g_server)
 		g_server->stop();
 }
+// --donor-key and --donor-cert: both or neither; the certificate must be for that key and not
+// expired. Returns 0, or the exit status after logging why.
+int load_donor_credentials(const std::string &key_file, const std::string &cert_file,
+			   rdmaswap::MemserverOptions &opts)
+{
+	using namespace rdmaswap;
+	const auto &log = logger("memserver");
+	if (key_file.empty() != cert_file.empty()) {
+		log->error("--donor-key and --donor-cert go together (the certificate certifies the "
+			   "key)");
+		return 2;
+	}
+	if (key_file.empty()) {
+		if (!opts.insecure)
+			log->info("no --donor-cert: plugins with donor-ca= will refuse this memserver");
+		return 0;
+	}
+	if (opts.insecure) {
+		log->error("--donor-cert needs authentication, which --insecure turns off");
+		return 2;
+	}
+	try {
+		opts.donor_key = SigningKey::load(key_file, "donor key");
+		opts.donor_cert = read_cert_file(cert_file, kMaxCertSize, "donor certificate");
+	} catch (const std::exception &e) {
+		log->error("{}", e.what());
+		return 2;
+	}
+	std::string err;
+	const auto cert = parse_cert(opts.donor_cert, err);
+	if (!cert) {
+		log->error("--donor-cert {}: not a donor certificate: {}", cert_file, err);
+		return 2;
+	}
+	if (cert->donor != opts.donor_key->public_key()) {
+		log->error("--donor-cert {} certifies another key than --donor-key {} (issue it for "
+			   "this key: rdmaswapctl cert issue donor-key=...)",
+			   cert_file, key_file);
+		return 2;
+	}
+	const int64_t now = std::chrono::duration_cast<std::chrono::seconds>(
+				    std::chrono::system_clock::now().time_since_epoch())
+				    .count();
+	if (now >= cert->not_after) {
+		log->error("--donor-cert {} expired (serial {}): ask the operator for a new one",
+			   cert_file, cert->serial);
+		return 2;
+	}
+	if (now < cert->not_before)
+		log->warn("--donor-cert {} is not valid yet: plugins refuse it until then",
+			  cert_file);
+	const std::string port = ":" + std::to_string(opts.port);
+	if (opts.port != 0 &&
+	    std::none_of(cert->addresses.begin(), cert->addresses.end(), [&](const auto &a) {
+		    return a.size() > port.size() && a.ends_with(port);
+	    }))
+		log->warn("--donor-cert {} lists no address with port {}: plugins dialling this "
+			  "memserver will refuse it",
+			  cert_file, opts.port);
+	log->info("donor certificate '{}' serial {} for {} address(es)", cert->name, cert->serial,
+		  cert->addresses.size());
+	return 0;
+}
+
 int run(int argc, char **argv)
 {
 	using namespace rdmaswap;
@@ -36,6 +103,7 @@ int run(int argc, char **argv)
 	std::string reserve;
 	bool realtime = false;
 	std::vector<std::string> key_files, admin_files;
+	std::string donor_key_file, donor_cert_file;
 	unsigned handshake_ms = 5000;
 	unsigned message_s = 10;
 	app.add_option("--listen", opts.listen, "address to listen on (default 0.0.0.0)");
@@ -57,6 +125,11 @@ int run(int argc, char **argv)
 		       "file with the admin key (mode 600, not the cluster key): needed for "
 		       "GIVEBACK, LEND and listing other clients' sessions; give it twice "
 		       "during a rotation");
+	app.add_option("--donor-key", donor_key_file,
+		       "this donor's signing key (mode 600; rdmaswapctl donor-key create)");
+	app.add_option("--donor-cert", donor_cert_file,
+		       "this donor's certificate from the operator's CA (rdmaswapctl cert issue): "
+		       "plugins with donor-ca= use only certified donors");
 	app.add_flag("--insecure", opts.insecure,
 		     "run WITHOUT authentication (trusted networks only)");
 	app.add_option("--handshake-timeout", handshake_ms,
@@ -199,6 +272,8 @@ int run(int argc, char **argv)
 		log->error("{}", e.what());
 		return 2;
 	}
+	if (int r = load_donor_credentials(donor_key_file, donor_cert_file, opts))
+		return r;
 
 	struct sigaction sa {};
 	sa.sa_handler = on_signal;

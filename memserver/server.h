@@ -38,6 +38,7 @@ namespace rdmaswap {
 
 class RdmaService;
 class MetricsServer;
+class SigningKey; // common/donor_cert.h
 
 struct MemserverOptions {
 	std::string listen = "0.0.0.0";
@@ -61,6 +62,11 @@ struct MemserverOptions {
 	// there is no authentication and every peer may use them.
 	std::vector<std::shared_ptr<const AuthKey>> admin_keys;
 	bool insecure = false;
+	// --donor-key, --donor-cert (docs/security.md, "Roles"): this donor's signing key and
+	// its certificate (donor_cert.h's encoding), proved to plugins in DONOR_PROOF. Null and
+	// empty: DONOR_PROOF is answered ENOENT (plugins with donor-ca= refuse this memserver).
+	std::shared_ptr<const SigningKey> donor_key;
+	std::vector<std::byte> donor_cert;
 	// From accept to a finished HELLO (AUTH + AUTH_PROOF + HELLO); slower peers are dropped.
 	std::chrono::milliseconds handshake_timeout{5000};
 	// A message whose first byte has arrived must arrive whole (header, body, payload) within

@@ -38,6 +38,7 @@
 #include "common/auth.h"
 #include "common/config.h"
 #include "common/data_path_base.h"
+#include "common/donor_cert.h"
 #include "common/deadline.h"
 #include "common/discovery.h"
 #include "common/donor_set.h"
@@ -198,6 +199,7 @@ struct Config {
 	unsigned replicas = 0; // 0: default (2 with two or more servers, else 1)
 	std::chrono::milliseconds timeout{10000};
 	std::shared_ptr<const AuthKey> auth_key; // auth-key=; null only with insecure=true
+	std::string donor_ca, donor_crl; // donor-ca=, donor-crl= (donor_cert.h)
 	bool insecure = false;
 	std::string volume;    // volume=; default: default_volume_name()
 	std::string volume_key_path; // volume-key=; default: default_volume_key_path()
@@ -612,6 +614,12 @@ int rdmaswap_config(const char *key, const char *value)
 			return -1;
 		}
 		g_cfg.timeout = std::chrono::seconds(t);
+	} else if (k == "donor-ca") {
+		if (config_path(key, value, g_cfg.donor_ca) < 0)
+			return -1;
+	} else if (k == "donor-crl") {
+		if (config_path(key, value, g_cfg.donor_crl) < 0)
+			return -1;
 	} else if (k == "auth-key") {
 		try {
 			g_cfg.auth_key = load_auth_key(value);
@@ -701,6 +709,28 @@ int rdmaswap_config_complete()
 	}
 	if (g_cfg.insecure)
 		warn("insecure=true: memservers are not authenticated and do not authenticate us");
+	// Donor certificates (docs/security.md, "Roles"): the check travels with the key to every
+	// connection to a memserver (AuthKey::with_donor_check, connect_memserver).
+	if (!g_cfg.donor_ca.empty() && g_cfg.insecure) {
+		nbdkit_error("rdmaswap: donor-ca= needs auth-key= (it is checked in the handshake)");
+		return -1;
+	}
+	if (!g_cfg.donor_crl.empty() && g_cfg.donor_ca.empty()) {
+		nbdkit_error("rdmaswap: donor-crl= needs donor-ca=FILE");
+		return -1;
+	}
+	if (!g_cfg.donor_ca.empty()) {
+		try {
+			g_cfg.auth_key = g_cfg.auth_key->with_donor_check(
+				std::make_shared<DonorVerifier>(g_cfg.donor_ca, g_cfg.donor_crl));
+		} catch (const std::exception &e) {
+			nbdkit_error("rdmaswap: donor-ca=: %s", e.what());
+			return -1;
+		}
+	} else if (!g_cfg.insecure) {
+		warn("no donor-ca=: donors are not authenticated: any cluster-key holder can be a "
+		     "donor and receive this host's swap pages (docs/security.md, \"Roles\")");
+	}
 	// With etcd=, the servers are known only once etcd was asked (get_ready).
 	if (!etcd && g_cfg.replicas == 0)
 		g_cfg.replicas = g_cfg.servers.size() >= 2 ? 2 : 1;
@@ -1244,6 +1274,8 @@ struct nbdkit_plugin make_plugin() noexcept
 			"backup-queue=SIZE   writes queued for the backup file at most (default\n"
 			"                    32M); when full, writes wait for the disk\n"
 			"auth-key=FILE       the cluster's shared key (required unless insecure)\n"
+			"donor-ca=FILE       use only donors certified by this CA (public key)\n"
+			"donor-crl=FILE      the CA's revocation list (re-read when it changes)\n"
 			"insecure=true       memservers run with --insecure (no authentication)\n"
 			"volume=NAME         the volume's id on the memservers (default: derived\n"
 			"                    from host name, size, server= and etcd-prefix=)\n"

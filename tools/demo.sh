@@ -50,9 +50,17 @@ port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); pr
 key=$tmp/auth.key
 (umask 077 && head -c 32 /dev/urandom | od -An -tx1 | tr -d ' \n' >"$key")
 ctl() { "$build/tools/rdmaswapctl" status server=127.0.0.1:$port auth-key="$key"; }
+# The operators' CA certifies the donor for the address the plugin dials; the plugin uses only
+# certified donors (donor-ca=; docs/deployment.md, "Donor certificates").
+say "making a CA and a certificate for the donor at 127.0.0.1:$port"
+"$build/tools/rdmaswapctl" ca create "$tmp/ca.key" >/dev/null
+"$build/tools/rdmaswapctl" donor-key create "$tmp/donor.key" >/dev/null
+"$build/tools/rdmaswapctl" cert issue ca-key="$tmp/ca.key" donor-key="$tmp/donor.key.pub" \
+	name=demo-donor addresses=127.0.0.1:$port days=1 out="$tmp/donor.cert"
 say "starting rdmaswap-memserver on 127.0.0.1:$port (capacity 2G, slabs 64M, transport $transport)"
 "$build/memserver/rdmaswap-memserver" --listen 127.0.0.1 --port "$port" --capacity 2G \
-	--slab-size 64M --transport "$transport" --auth-key "$key" 2>"$tmp/memserver.log" &
+	--slab-size 64M --transport "$transport" --auth-key "$key" \
+	--donor-key "$tmp/donor.key" --donor-cert "$tmp/donor.cert" 2>"$tmp/memserver.log" &
 ms_pid=$!
 for _ in $(seq 100); do ctl >/dev/null 2>&1 && break; sleep 0.2; done
 ctl >/dev/null || { cat "$tmp/memserver.log"; exit 1; }
@@ -61,7 +69,8 @@ cat "$tmp/memserver.log"
 sock=$tmp/nbd.sock
 say "starting nbdkit --swap with the rdmaswap plugin on $sock (size $size)"
 nbdkit --swap -U "$sock" -P "$tmp/nbdkit.pid" "$build/nbdkit-plugin/nbdkit-rdmaswap-plugin.so" \
-	server=127.0.0.1:$port size="$size" transport="$transport" auth-key="$key"
+	server=127.0.0.1:$port size="$size" transport="$transport" auth-key="$key" \
+	donor-ca="$tmp/ca.key.pub"
 for _ in $(seq 50); do [ -S "$sock" ] && break; sleep 0.1; done
 
 if [ "$(id -u)" = 0 ] && { [ -b /dev/nbd0 ] || modprobe nbd 2>/dev/null; } && [ -b /dev/nbd0 ]; then

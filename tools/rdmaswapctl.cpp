@@ -15,6 +15,7 @@
 #include "common/err_text.h"
 #include "common/guarded_main.h"
 #include "common/tcp/rpc.h"
+#include "tools/rdmaswapctl_cert.h"
 
 namespace {
 
@@ -123,6 +124,7 @@ int usage()
 			     "       [timeout=SECONDS] [auth-key=FILE | admin-key=FILE | insecure=true]\n"
 			     "       rdmaswapctl giveback|lend server=HOST[:PORT] size=SIZE\n"
 			     "       [timeout=SECONDS] [admin-key=FILE | insecure=true]\n"
+			     "       rdmaswapctl ca|donor-key|cert|crl ...  (donor certificates)\n"
 			     "  server=  a memserver's capacity, free slabs, bytes served and the\n"
 			     "           sessions of this host (auth-key=: the cluster key), or of\n"
 			     "           every client (admin-key=: the memserver's --admin-key)\n"
@@ -230,6 +232,8 @@ void print_sessions(Report &out, const std::vector<rdmaswap::proto::SessionEntry
 static int run(int argc, char **argv)
 {
 	using namespace rdmaswap;
+	if (argc >= 2 && is_cert_command(argv[1])) // tools/rdmaswapctl_cert.cpp
+		return cert_command(argc, argv);
 	if (argc < 2 || (std::strcmp(argv[1], "status") != 0 && std::strcmp(argv[1], "giveback") != 0 &&
 			 std::strcmp(argv[1], "lend") != 0))
 		return usage();

@@ -7,6 +7,7 @@
 #include <cerrno>
 #include <cstring>
 
+#include "common/donor_cert.h"
 #include "common/err_text.h"
 
 namespace rdmaswap {
@@ -59,6 +60,58 @@ int rpc_var(int fd, uint64_t request_id, proto::Op op, std::span<const std::byte
 	return 0;
 }
 
+namespace {
+
+// DONOR_PROOF (donor_cert.h): the server must present a certificate `donors` accepts for the
+// address we dialled, and sign this connection's nonces and that address with the certified
+// key. 0, or ENOKEY (refused: warned, naming why), or the exchange's errno.
+int check_donor(int fd, const SockAddr &addr, const AuthClient &ac, DonorVerifier &donors,
+		Deadline deadline)
+{
+	const std::string dialled = addr.str();
+	proto::DonorProofRequest req;
+	std::copy_n(dialled.begin(), std::min(dialled.size(), req.dialled.size()),
+		    req.dialled.begin());
+	std::array<std::byte, proto::kDonorProofRequestSize> body;
+	proto::encode(req, body);
+	std::array<std::byte, proto::kMaxDonorProofReply> reply;
+	size_t len = 0;
+	const int r = rpc_var(fd, 0, proto::Op::DonorProof, body, reply, len, deadline);
+	std::string why;
+	if (r == ENOENT) {
+		why = "it has no donor certificate (memserver run without --donor-cert)";
+	} else if (r == EPROTO || r == ECONNRESET) {
+		why = "it did not answer DONOR_PROOF (no donor certificate support, or not a "
+		      "memserver)";
+	} else if (r) {
+		return r; // timeout, stop: not a verdict on the donor
+	} else {
+		const auto all = std::span(reply).first(len);
+		const auto cert_bytes = all.first(len - proto::kDonorProofSigSize);
+		Signature sig{};
+		std::copy_n(all.last(proto::kDonorProofSigSize).begin(), sig.size(), sig.begin());
+		std::string perr;
+		const auto cert = parse_cert(cert_bytes, perr);
+		if (!cert)
+			why = "its certificate does not parse: " + perr;
+		else if (why = donors.check(*cert, dialled); !why.empty())
+			why = "donor '" + cert->name + "' (serial " + std::to_string(cert->serial) +
+			      "): " + why;
+		else if (!verify_donor_signature(
+				 *cert,
+				 donor_proof_message(ac.client_nonce(), ac.server_nonce(), dialled),
+				 sig))
+			why = "donor '" + cert->name + "': its proof of the certified key is wrong "
+			      "(it does not hold the key, or replays another connection's proof)";
+	}
+	if (why.empty())
+		return 0;
+	donors.warn_refused(dialled, why);
+	return ENOKEY;
+}
+
+} // namespace
+
 Fd connect_memserver(const SockAddr &addr, Deadline deadline, const AuthKey *key, Mac *attach,
 		     int &err)
 {
@@ -93,6 +146,10 @@ Fd connect_memserver(const SockAddr &addr, Deadline deadline, const AuthKey *key
 	proto::encode(proof, pbody);
 	if ((err = rpc(fd.get(), 0, proto::Op::AuthProof, pbody, {}, deadline)))
 		return {};
+	if (DonorVerifier *donors = key->donor_check()) {
+		if ((err = check_donor(fd.get(), addr, ac, *donors, deadline)))
+			return {};
+	}
 	if (attach)
 		*attach = ac.attach_key();
 	return fd;
@@ -117,6 +174,8 @@ std::string connect_error_text(int err)
 	case ECONNRESET:
 		return "connection closed by the memserver (at its --max-connections limit, or a "
 		       "memserver of another rdmaswap protocol version: its log says which)";
+	case ENOKEY:
+		return "not a certified donor (donor-ca=): refused; the warning before says why";
 	case EOPNOTSUPP:
 		return "the memserver runs without authentication (--insecure) but we have an "
 		       "auth-key=: refusing an unauthenticated server";

@@ -39,7 +39,9 @@ int rpc_var(int fd, uint64_t request_id, proto::Op op, std::span<const std::byte
 // an invalid Fd with `err` set: a socket errno, ETIMEDOUT (the handshake was not done by the
 // deadline), ECANCELED (stop requested), EACCES (the server refused our proof), EKEYREJECTED
 // (the server did not prove it holds our key: an impostor, or a server with another key),
-// EOPNOTSUPP (the server runs without authentication), EPROTO (not a memserver).
+// EOPNOTSUPP (the server runs without authentication), EPROTO (not a memserver), ENOKEY (the
+// key carries a donor check, AuthKey::with_donor_check, and the server is not a certified
+// donor for `addr`: DONOR_PROOF after AUTH_PROOF, common/donor_cert.h; warned, naming why).
 Fd connect_memserver(const SockAddr &addr, Deadline deadline, const AuthKey *key, Mac *attach,
 		     int &err);
 // Operator-facing text for an error of connect_memserver or of the first call on it.

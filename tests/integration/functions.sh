@@ -242,6 +242,37 @@ start_memserver() {
     fail "could not start memserver on a free port"
 }
 
+# Donor certificates (docs/security.md, "Roles").
+# make_donor_ca: the test's CA: $DONOR_CA_KEY (secret), $DONOR_CA (its public key: donor-ca=)
+# and $DONOR_CRL (an empty revocation list: donor-crl=). start_certified_memserver calls it.
+make_donor_ca() {
+    DONOR_CA_KEY="$tmpdir/donor-ca.key"
+    DONOR_CA="$DONOR_CA_KEY.pub"
+    DONOR_CRL="$tmpdir/donor-ca.crl"
+    "$RDMASWAPCTL" ca create "$DONOR_CA_KEY" >/dev/null || fail "rdmaswapctl ca create"
+    "$RDMASWAPCTL" crl create ca-key="$DONOR_CA_KEY" crl="$DONOR_CRL" >/dev/null ||
+        fail "rdmaswapctl crl create"
+}
+
+# start_certified_memserver NAME CAPACITY SLAB_SIZE [EXTRA_ARGS...]: start_memserver on a free
+# port with a donor key ($tmpdir/NAME.key) and a certificate from make_donor_ca's CA
+# ($tmpdir/NAME.cert) for 127.0.0.1:PORT, or for $DONOR_CERT_ADDRESSES when set (a list for
+# `rdmaswapctl cert issue addresses=`). Sets DONOR_SERIAL (the certificate's serial) and what
+# start_memserver sets.
+start_certified_memserver() {
+    local name=$1 port
+    shift
+    [[ -n ${DONOR_CA_KEY:-} ]] || make_donor_ca
+    port=$(free_port)
+    "$RDMASWAPCTL" donor-key create "$tmpdir/$name.key" >/dev/null || fail "donor-key create $name"
+    "$RDMASWAPCTL" cert issue ca-key="$DONOR_CA_KEY" donor-key="$tmpdir/$name.key.pub" \
+        name="$name" addresses="${DONOR_CERT_ADDRESSES:-127.0.0.1:$port}" days=1 \
+        out="$tmpdir/$name.cert" >"$tmpdir/$name.cert.txt" || fail "cert issue $name"
+    DONOR_SERIAL=$(sed -n 's/^serial=//p' "$tmpdir/$name.cert.txt")
+    MEMSERVER_FIXED_PORT=$port start_memserver "$@" \
+        --donor-key "$tmpdir/$name.key" --donor-cert "$tmpdir/$name.cert"
+}
+
 # start_nbdkit NAME [NBDKIT_ARGS...] -- PLUGIN_ARGS...
 # Starts `nbdkit -f -U $tmpdir/NAME.sock -P $tmpdir/NAME.pid [NBDKIT_ARGS] PLUGIN.so PLUGIN_ARGS`
 # in the background and waits for the socket and pid file. Sets NBDKIT_PID, NBDKIT_SOCK,

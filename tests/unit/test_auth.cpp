@@ -265,7 +265,9 @@ TEST_CASE("protocol: AUTH messages", "[auth][protocol]")
 	CHECK(reply_body_size(Op::AuthProof) == 0);
 	CHECK(kAuthReplySize <= kMaxFixedBody);
 	CHECK(std::string(op_name(Op::Auth)) == "AUTH");
-	CHECK(request_body_size(Op(18)) == -1); // past the last op: unknown
+	CHECK(request_body_size(Op::DonorProof) == long(kDonorProofRequestSize));
+	CHECK(std::string(op_name(Op::DonorProof)) == "DONOR_PROOF");
+	CHECK(request_body_size(Op(19)) == -1); // past the last op: unknown
 
 	AuthRequest req;
 	for (size_t i = 0; i < req.client_nonce.size(); i++)
