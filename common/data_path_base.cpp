@@ -60,14 +60,14 @@ int DataPathBase::admit(bool read, const SlabGrant &slab, uint64_t off, uint32_t
 	return 0;
 }
 
-int DataPathBase::ensure_connected()
+int DataPathBase::ensure_connected(bool eager)
 {
 	if (connected())
 		return 0;
 	if (closed_ || session_lost_->load() || stop_requested())
 		return EIO;
 	const auto now = Backoff::clock::now();
-	if (!backoff_.may_try(now))
+	if (!eager && !backoff_.may_try(now))
 		return EIO;
 	const int err = reconnect();
 	if (err == 0) {

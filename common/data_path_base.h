@@ -73,10 +73,10 @@ protected:
 	}
 
 	// 0 if connected(). Else EIO without trying when the session is lost, a stop was
-	// requested or the backoff says not yet; else reconnect() once: 0 (the backoff is reset,
-	// and that is logged), or EIO (ENOENT from reconnect() sets the session lost; the backoff
-	// grows).
-	int ensure_connected();
+	// requested or the backoff says not yet (unless `eager`: RDMA's fence right after a
+	// failed write); else reconnect() once: 0 (the backoff is reset, and that is logged), or
+	// EIO (ENOENT from reconnect() sets the session lost; the backoff grows).
+	int ensure_connected(bool eager = false);
 	// The connection failed: disconnect() and grow the backoff. The caller logs why and
 	// latches the error.
 	void drop();

@@ -347,7 +347,7 @@ std::unique_ptr<DataPath> RemoteServer::open_data_path(std::span<std::byte> regi
 	if (opts_.kind == TransportKind::Rdma)
 		return opts_.rdma->open_data_path(opts_.endpoint, control_->session_id(),
 						  control_->token(), control_->attach_key(),
-						  opts_.timeout, region, lost_);
+						  opts_.timeout, region, lost_, rdma_session_);
 	return std::make_unique<TcpDataPath>(addr_, opts_.auth_key, control_->session_id(),
 					     control_->token(), opts_.timeout, region, lost_,
 					     tcp_session_);

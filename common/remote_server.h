@@ -19,7 +19,9 @@ namespace rdmaswap {
 
 namespace rdma {
 class ClientContext;
-}
+class RdmaSession;
+std::shared_ptr<RdmaSession> make_rdma_session();
+} // namespace rdma
 
 struct RemoteServerOptions {
 	Endpoint endpoint;
@@ -108,8 +110,10 @@ private:
 	// does not know yet: reconcile() must not give them back.
 	bool adopting_ = false;
 	std::shared_ptr<std::atomic<bool>> lost_ = std::make_shared<std::atomic<bool>>(false);
-	// TCP: the session's data connections, which fence each other (tcp_data_path.h).
+	// The session's data connections, which fence each other: TCP (tcp_data_path.h) or RDMA
+	// (rdma_client.h), whichever the transport is.
 	const std::shared_ptr<TcpSession> tcp_session_ = make_tcp_session();
+	const std::shared_ptr<rdma::RdmaSession> rdma_session_ = rdma::make_rdma_session();
 	// A floor was (or may have been) recorded here, or kept from an earlier run: the session
 	// holds something of the volume even without a slab (under mu_).
 	bool floors_ = false;

@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "common/auth.h"
+#include "common/err_text.h"
 #include "common/log.h"
 #include "common/swap_safety.h"
 #include "common/tcp/socket.h"
@@ -40,6 +41,7 @@ struct RdmaService::Impl {
 		Qp qp;
 		uint64_t session = 0;
 		bool established = false;
+		bool fenced = false; // moved to the error state: executes nothing more
 	};
 	// A session's RDMA state: its own PD, and one MR per granted slab in that PD, so an rkey
 	// is useless on any other client's QP. Members in creation order (MRs before PD go).
@@ -72,7 +74,7 @@ struct RdmaService::Impl {
 	// What a worker needs of a connect request (its event is acked by then).
 	struct ConnectRequest {
 		rdma_cm_id *id = nullptr;        // ours from the event on: accepted or destroyed
-		bool has_data = false;           // the private data held a whole ConnectData
+		int parsed = EPROTO;             // parse_connect_data() of its private data
 		ConnectData cd;
 		uint8_t responder_resources = 0;
 	};
@@ -80,7 +82,46 @@ struct RdmaService::Impl {
 	void on_connect_request(const ConnectRequest &req);
 	std::unique_ptr<Conn> take_conn(rdma_cm_id *id);
 	int register_slab(SessionState &st, uint32_t slab);
+	// Under `mu`: move the QP to the error state (the responder executes no packet after this
+	// returns). 0 or an errno.
+	static int fence(Conn &c);
+	// Under `mu`: fence the QP numbered `qpn` if it is one of `session`'s (a QP of another
+	// session is never touched; one we no longer have is destroyed already) and start its
+	// disconnect. 0 or an errno.
+	int fence_named(uint64_t session, uint32_t qpn);
 };
+
+int RdmaService::Impl::fence(Conn &c)
+{
+	if (c.fenced || !c.qp)
+		return 0;
+	ibv_qp_attr a{};
+	a.qp_state = IBV_QPS_ERR;
+	if (int rc = ibv_modify_qp(c.qp->qp, &a, IBV_QP_STATE))
+		return rc > 0 ? rc : EIO;
+	c.fenced = true;
+	return 0;
+}
+
+int RdmaService::Impl::fence_named(uint64_t session, uint32_t qpn)
+{
+	for (auto &[id, c] : conns) {
+		if (!c->qp || c->qp->qp->qp_num != qpn)
+			continue;
+		if (c->session != session)
+			return 0; // another session's (the number was reused): ours is gone
+		if (c->fenced)
+			return 0;
+		if (int err = fence(*c))
+			return err;
+		rdma_disconnect(id); // its DISCONNECTED event takes it out (take_conn)
+		logger("rdma")->info("RDMA QP {} of session {:016x} fenced: a new connect named it "
+				     "(a failed write's)",
+				     qpn, session);
+		return 0;
+	}
+	return 0; // not ours any more: destroyed (take_conn fenced it before letting it go)
+}
 
 bool RdmaService::devices_present()
 {
@@ -211,23 +252,21 @@ void RdmaService::Impl::on_connect_request(const ConnectRequest &req)
 		rdma_reject(id, &r, sizeof r);
 		reject_id.reset(id);
 	};
-	if (!req.has_data) {
-		reject(EPROTO, "connect request without session data");
+	if (req.parsed) {
+		reject(EPROTO, "connect request without session data, or with a bad magic or "
+			       "version");
 		return;
 	}
 	const ConnectData &cd = req.cd;
-	if (cd.magic != ConnectData{}.magic || cd.version != ConnectData{}.version) {
-		reject(EPROTO, "connect request with a bad magic or version");
-		return;
-	}
 	if (check_attach) {
-		// Only a client of an authenticated session knows its attach key.
+		// Only a client of an authenticated session knows its attach key. (Version 3: the
+		// MAC covers the QPs it names too.)
 		Mac key;
 		if (!sessions.attach_key(cd.session_id, key)) {
 			reject(ENOENT, "unknown session");
 			return;
 		}
-		const auto want = attach_mac(key, cd.session_id, cd.token, cd.cm_nonce);
+		const auto want = connect_mac(key, cd);
 		if (!mac_equal(want, std::as_bytes(std::span(cd.mac)))) {
 			reject(EACCES, "attach proof does not match the session (not a client of an "
 				       "authenticated session)");
@@ -268,6 +307,17 @@ void RdmaService::Impl::on_connect_request(const ConnectRequest &req)
 		fail(EXDEV, "session already uses another RDMA device");
 		return;
 	}
+	// The fence (version 3), once the session is proven ours and before the accept: the QPs
+	// of this session it names execute nothing more, so a write the client saw fail cannot
+	// land after one it sends on the new QP (docs/architecture.md, "A failed write's outcome").
+	for (uint32_t q : cd.replaces)
+		if (q)
+			if (int err = fence_named(cd.session_id, q)) {
+				fail(uint32_t(err), "cannot fence QP " + std::to_string(q) +
+							    ": ibv_modify_qp(error state): " +
+							    err_text(err));
+				return;
+			}
 	auto c = std::make_unique<Conn>();
 	c->id.reset(id);
 	c->session = cd.session_id;
@@ -294,11 +344,16 @@ void RdmaService::Impl::on_connect_request(const ConnectRequest &req)
 	c->qp.reset(id);
 	ibv_device_attr attr{};
 	ibv_query_device(id->verbs, &attr);
+	// Our QP's number goes back in the accept: a later connect names it to fence it.
+	AcceptData ad;
+	ad.qp_num = id->qp->qp_num;
 	rdma_conn_param cp{};
 	cp.responder_resources =
 		uint8_t(std::min<int>(req.responder_resources, attr.max_qp_rd_atom));
 	cp.initiator_depth = 0;
 	cp.rnr_retry_count = 7;
+	cp.private_data = &ad;
+	cp.private_data_len = sizeof ad;
 	// In the table before the accept (still under `mu`): its ESTABLISHED event finds it.
 	Conn &ref = *c;
 	conns[id] = std::move(c);
@@ -322,6 +377,9 @@ std::unique_ptr<RdmaService::Impl::Conn> RdmaService::Impl::take_conn(rdma_cm_id
 	if (it == conns.end())
 		return nullptr;
 	auto c = std::move(it->second);
+	// Out of the table it can no longer be named by a fence: so it executes nothing from now
+	// on (it is destroyed outside `mu`). (Best effort: a QP the device lost is dead anyway.)
+	(void)fence(*c);
 	conns.erase(it);
 	if (c->established)
 		qps.fetch_sub(1);
@@ -345,9 +403,8 @@ void RdmaService::Impl::loop()
 			// not hold up the other connections' events.
 			ConnectRequest req;
 			req.id = ev->id;
-			req.has_data = ev->param.conn.private_data_len >= sizeof req.cd;
-			if (req.has_data)
-				std::memcpy(&req.cd, ev->param.conn.private_data, sizeof req.cd);
+			req.parsed = parse_connect_data(ev->param.conn.private_data,
+							ev->param.conn.private_data_len, req.cd);
 			req.responder_resources = ev->param.conn.responder_resources;
 			workers.submit(WorkerPool::Lane::Handshake,
 				       [this, req] { on_connect_request(req); });

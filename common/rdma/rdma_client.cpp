@@ -6,6 +6,7 @@
 #include <fcntl.h>
 #include <poll.h>
 
+#include <algorithm>
 #include <array>
 #include <cerrno>
 #include <cstring>
@@ -105,18 +106,68 @@ ClientContext::ClientContext(const Endpoint &probe, std::chrono::milliseconds ti
 
 ClientContext::~ClientContext() = default;
 
+std::shared_ptr<RdmaSession> make_rdma_session()
+{
+	return std::make_shared<RdmaSession>();
+}
+
+void RdmaSession::add_path()
+{
+	std::lock_guard lock(mu_);
+	room_++;
+	list_.reserve(room_);
+}
+
+void RdmaSession::unfenced(uint32_t qpn)
+{
+	std::lock_guard lock(mu_);
+	if (std::find(list_.begin(), list_.end(), qpn) != list_.end())
+		return;
+	if (list_.size() >= room_ || list_.size() == list_.capacity()) {
+		poisoned_.store(true); // (never: one entry per path at most) no write goes out again
+		count_.store(unsigned(list_.size()) + 1);
+		return;
+	}
+	list_.push_back(qpn); // within the capacity add_path() reserved: no allocation
+	count_.store(unsigned(list_.size()) + (poisoned_.load() ? 1 : 0));
+}
+
+unsigned RdmaSession::to_name(uint32_t first, std::span<uint32_t> out) const
+{
+	std::lock_guard lock(mu_);
+	unsigned n = 0;
+	if (first && n < out.size() && std::find(list_.begin(), list_.end(), first) != list_.end())
+		out[n++] = first;
+	for (size_t i = 0; i < list_.size() && n < out.size(); i++)
+		if (list_[i] != first)
+			out[n++] = list_[i];
+	return n;
+}
+
+void RdmaSession::fenced(std::span<const uint32_t> qpns)
+{
+	std::lock_guard lock(mu_);
+	for (uint32_t q : qpns)
+		std::erase(list_, q);
+	count_.store(unsigned(list_.size()) + (poisoned_.load() ? 1 : 0));
+}
+
 namespace {
 
 class RdmaDataPath final : public DataPathBase {
 public:
 	RdmaDataPath(ClientContext::Impl &ctx, const Endpoint &ep, uint64_t session_id,
 		     uint64_t token, const Mac &attach_key, std::chrono::milliseconds timeout,
-		     std::span<std::byte> region, std::shared_ptr<std::atomic<bool>> lost)
+		     std::span<std::byte> region, std::shared_ptr<std::atomic<bool>> lost,
+		     std::shared_ptr<RdmaSession> session)
 		: DataPathBase("rdma", "data path to " + ep.str(), region, std::move(lost)),
 		  ctx_(ctx), ep_(ep), session_id_(session_id), token_(token),
-		  attach_key_(attach_key), timeout_(timeout), lkey_(ctx.lkey_for(region))
+		  attach_key_(attach_key), timeout_(timeout), lkey_(ctx.lkey_for(region)),
+		  session_(session ? std::move(session) : std::make_shared<RdmaSession>())
 	{
-		connect(); // throws: the first connection is part of setup
+		session_->add_path();
+		// Throws: the first connection is part of setup (each step bounded by the timeout).
+		connect(Deadline::max());
 	}
 
 	~RdmaDataPath() override { teardown(); }
@@ -134,16 +185,29 @@ public:
 
 	int complete() override;
 	DataPathCounters counters() const override;
+	uint32_t remote_qpn() const { return qp_ ? remote_qpn_ : 0; }
 
 private:
-	void connect();
+	// Connect a new QP and rejoin the session by `until` (max: each step within the timeout),
+	// naming in `replaces` this path's old QP if it is unfenced, then others of the session.
+	// Throws.
+	void connect(Deadline until);
 	void teardown();
 	bool connected() const override { return bool(qp_); }
 	int reconnect() override;
 	void disconnect() override { teardown(); }
 	int post(ibv_wr_opcode op, const SlabGrant &slab, uint64_t off, uint32_t len, std::byte *local);
-	int fail(int err, const char *what, const char *detail);
-	int wait(uint64_t seq);
+	// The batch failed: logs, drops the QP (nothing lands in our buffers after this) and
+	// latches `err`. `unfenced`: WRITEs of it were posted, so the memserver's QP may still
+	// execute them: it goes on the session's list.
+	int fail(int err, const char *what, const char *detail, bool unfenced);
+	int wait(uint64_t seq, Deadline deadline, bool writes);
+	// Before a batch with a WRITE goes out while QPs of the session are unfenced: reconnect
+	// this path (whose QP has nothing in flight) naming them, until none is left, by
+	// `deadline`. 0 or EIO (the path is then down).
+	int fence_session(Deadline deadline);
+	// Connect again by `until`, ignoring the backoff if `eager`. 0 or EIO.
+	int reconnect_by(Deadline until, bool eager);
 
 	ClientContext::Impl &ctx_;
 	const Endpoint ep_;
@@ -152,6 +216,7 @@ private:
 	const Mac attach_key_;
 	const std::chrono::milliseconds timeout_;
 	const uint32_t lkey_;
+	const std::shared_ptr<RdmaSession> session_;
 
 	// Creation order; destroyed in reverse by teardown().
 	EventChannel ch_;
@@ -160,6 +225,10 @@ private:
 	Cq cq_;
 	Qp qp_;
 	uint32_t max_inline_ = 0;
+	uint32_t remote_qpn_ = 0;   // the memserver's QP behind qp_ (0: it did not say)
+	uint32_t own_unfenced_ = 0; // our last QP's number at the memserver, if it is unfenced
+	Deadline connect_until_{};  // reconnect()'s bound when set (else now + the timeout)
+	bool warned_no_fence_ = false;
 
 	// Preallocated work requests: filled by post(), chained and posted once by complete().
 	std::array<ibv_send_wr, kMaxBatch> wrs_{};
@@ -172,14 +241,14 @@ private:
 	} acct_;
 };
 
-void RdmaDataPath::connect()
+void RdmaDataPath::connect(Deadline until)
 {
 	ch_ = make_event_channel();
 	rdma_cm_id *raw = nullptr;
 	if (rdma_create_id(ch_.get(), &raw, nullptr, RDMA_PS_TCP))
 		throw std::runtime_error(errno_text("rdma_create_id"));
 	id_.reset(raw);
-	resolve(raw, ch_.get(), ep_.host, ep_.port, timeout_);
+	resolve(raw, ch_.get(), ep_.host, ep_.port, timeout_, until);
 	if (raw->verbs != ctx_.verbs)
 		throw std::runtime_error("memserver " + ep_.str() +
 					 " is reached through another RDMA device than the first "
@@ -215,11 +284,14 @@ void RdmaDataPath::connect()
 	cd.session_id = session_id_;
 	cd.token = token_;
 	random_bytes(std::as_writable_bytes(std::span(&cd.cm_nonce, 1)));
-	const auto mac = attach_mac(attach_key_, cd.session_id, cd.token, cd.cm_nonce);
+	const unsigned named = session_->to_name(own_unfenced_, cd.replaces);
+	if (named == 0)
+		cd.version = 2; // names nothing: what a memserver of version 2 takes too
+	const auto mac = connect_mac(attach_key_, cd);
 	std::memcpy(cd.mac, mac.data(), sizeof cd.mac);
 	rdma_conn_param cp{};
 	cp.private_data = &cd;
-	cp.private_data_len = sizeof cd;
+	cp.private_data_len = cd.version == 2 ? uint8_t(kConnectDataV2Size) : uint8_t(sizeof cd);
 	cp.initiator_depth = uint8_t(std::min(kMaxReadDepth, ctx_.attr.max_qp_init_rd_atom));
 	cp.responder_resources = 0;
 	cp.retry_count = 7;
@@ -227,8 +299,10 @@ void RdmaDataPath::connect()
 	if (rdma_connect(raw, &cp))
 		throw std::runtime_error(errno_text("rdma_connect"));
 	uint32_t reject = 0;
+	AcceptData accept;
 	try {
-		expect_event(ch_.get(), RDMA_CM_EVENT_ESTABLISHED, timeout_, "RDMA connect", &reject);
+		expect_event(ch_.get(), RDMA_CM_EVENT_ESTABLISHED, bounded(timeout_, until),
+			     "RDMA connect", &reject, &accept);
 	} catch (const std::runtime_error &e) {
 		if (reject == ENOENT) {
 			session_lost_->store(true);
@@ -239,6 +313,14 @@ void RdmaDataPath::connect()
 					 (reject ? std::string(" (refused: ") + err_text(int(reject)) + ")"
 						 : std::string()));
 	}
+	remote_qpn_ = accept.qp_num;
+	if (named) {
+		// Accepted: the memserver executes nothing more from the QPs named.
+		session_->fenced(std::span<const uint32_t>(cd.replaces, named));
+		logger("rdma")->debug("{}: fenced {} earlier QP(s) of the session ({}{})", name_,
+				      named, cd.replaces[0], named > 1 ? ", ..." : "");
+	}
+	own_unfenced_ = 0; // named if it was still unfenced; otherwise fenced by another path
 }
 
 void RdmaDataPath::teardown()
@@ -252,10 +334,23 @@ void RdmaDataPath::teardown()
 	ch_.reset();
 }
 
-int RdmaDataPath::fail(int err, const char *what, const char *detail)
+int RdmaDataPath::fail(int err, const char *what, const char *detail, bool unfenced)
 {
 	if (qp_)
-		logger("rdma")->error("data path to {} failed: {}: {}", ep_.str(), what, detail);
+		logger("rdma")->error("data path to {} failed: {}: {}{}", ep_.str(), what, detail,
+				      unfenced ? " (with writes posted: fencing its QP)" : "");
+	if (unfenced && qp_) {
+		if (remote_qpn_) {
+			own_unfenced_ = remote_qpn_;
+			session_->unfenced(remote_qpn_);
+		} else if (!warned_no_fence_) {
+			warned_no_fence_ = true;
+			logger("rdma")->warn("memserver {} does not fence the QP of a failed write (a "
+					     "memserver older than this client): that write may still "
+					     "land after a newer one; upgrade it",
+					     ep_.str());
+		}
+	}
 	// Destroy the QP now: nothing may land in the channel buffer once we report the error.
 	drop();
 	return latch(err);
@@ -264,12 +359,38 @@ int RdmaDataPath::fail(int err, const char *what, const char *detail)
 int RdmaDataPath::reconnect()
 {
 	try {
-		connect(); // its CM waits also end at a stop request (next_event)
+		// Its CM waits also end at a stop request (next_event).
+		connect(connect_until_ != Deadline{} ? connect_until_ : Clock::now() + timeout_);
 		return 0;
 	} catch (const std::exception &e) {
 		logger("rdma")->error("reconnect to {} failed: {}", ep_.str(), e.what());
 		return EIO; // connect() set the session lost itself if the server said so
 	}
+}
+
+int RdmaDataPath::reconnect_by(Deadline until, bool eager)
+{
+	connect_until_ = until;
+	const int err = ensure_connected(eager);
+	connect_until_ = Deadline{};
+	return err;
+}
+
+int RdmaDataPath::fence_session(Deadline deadline)
+{
+	while (session_->unfenced_count()) {
+		if (session_->poisoned() || Clock::now() >= deadline)
+			return EIO;
+		// Nothing of ours is in flight: our QP can go. (Eager: the path was up a moment ago.)
+		teardown();
+		if (reconnect_by(deadline, true)) {
+			logger("rdma")->debug("{}: a write waits for earlier QPs of the session to be "
+					      "fenced, which failed",
+					      name_);
+			return EIO;
+		}
+	}
+	return 0;
 }
 
 int RdmaDataPath::post(ibv_wr_opcode op, const SlabGrant &slab, uint64_t off, uint32_t len,
@@ -299,10 +420,9 @@ int RdmaDataPath::post(ibv_wr_opcode op, const SlabGrant &slab, uint64_t off, ui
 	}
 }
 
-int RdmaDataPath::wait(uint64_t seq)
+int RdmaDataPath::wait(uint64_t seq, Deadline deadline, bool writes)
 {
-	const auto start = std::chrono::steady_clock::now();
-	const auto deadline = start + timeout_;
+	const auto start = Clock::now();
 	bool armed = false;
 	for (;;) {
 		ibv_wc wc[kMaxBatch];
@@ -313,11 +433,12 @@ int RdmaDataPath::wait(uint64_t seq)
 		else if (n == 0)
 			acct_.polls_empty.add();
 		if (n < 0)
-			return fail(EIO, "ibv_poll_cq", err_text(errno));
+			return fail(EIO, "ibv_poll_cq", err_text(errno), writes);
 		bool done = false;
 		for (int i = 0; i < n; i++) {
 			if (wc[i].status != IBV_WC_SUCCESS)
-				return fail(EIO, "work completion", ibv_wc_status_str(wc[i].status));
+				return fail(EIO, "work completion", ibv_wc_status_str(wc[i].status),
+					    writes);
 			if (wc[i].wr_id == seq)
 				done = true;
 		}
@@ -325,15 +446,15 @@ int RdmaDataPath::wait(uint64_t seq)
 			return 0;
 		if (n > 0)
 			continue;
-		const auto now = std::chrono::steady_clock::now();
+		const auto now = Clock::now();
 		if (now >= deadline)
-			return fail(EIO, "completion", "timed out");
+			return fail(EIO, "completion", "timed out", writes);
 		if (busy_poll() && now - start < kBusyPollSpin)
 			continue; // bounded busy-poll: most completions arrive within it on real NICs
 		if (!armed) {
 			acct_.arms.add();
 			if (ibv_req_notify_cq(cq_.get(), 0))
-				return fail(EIO, "ibv_req_notify_cq", err_text(errno));
+				return fail(EIO, "ibv_req_notify_cq", err_text(errno), writes);
 			armed = true;
 			continue; // poll once more: a completion may have raced the arming
 		}
@@ -341,11 +462,11 @@ int RdmaDataPath::wait(uint64_t seq)
 		acct_.sleeps.add();
 		const int w = wait_ready(comp_->fd, POLLIN, deadline);
 		if (w == ECANCELED)
-			return fail(EIO, "completion", "stopped (shutting down)");
+			return fail(EIO, "completion", "stopped (shutting down)", writes);
 		if (w == ETIMEDOUT)
 			continue; // the deadline check above reports it
 		if (w)
-			return fail(EIO, "poll(completion channel)", err_text(w));
+			return fail(EIO, "poll(completion channel)", err_text(w), writes);
 		ibv_cq *ev_cq = nullptr;
 		void *ev_ctx = nullptr;
 		if (ibv_get_cq_event(comp_.get(), &ev_cq, &ev_ctx) == 0) {
@@ -361,6 +482,14 @@ int RdmaDataPath::complete()
 	const unsigned n = batch_size();
 	if (latched() || n == 0)
 		return end_batch();
+	const bool writes = !batch_reads();
+	// The batch's deadline: a fence before it and all its completions end by then.
+	const Deadline deadline = Clock::now() + timeout_;
+	// No write goes out while a QP of the session may still execute an older one.
+	if (writes && session_->unfenced_count() && fence_session(deadline)) {
+		latch(EIO);
+		return end_batch(); // nothing was posted
+	}
 	for (unsigned i = 0; i + 1 < n; i++)
 		wrs_[i].next = &wrs_[i + 1];
 	ibv_send_wr &last = wrs_[n - 1];
@@ -371,12 +500,18 @@ int RdmaDataPath::complete()
 	acct_.doorbells.add();
 	ibv_send_wr *bad = nullptr;
 	if (int rc = ibv_post_send(qp_->qp, &wrs_[0], &bad))
-		fail(EIO, "ibv_post_send", err_text(rc));
+		fail(EIO, "ibv_post_send", err_text(rc), writes && bad != &wrs_[0]); // (some went?)
 	else
-		wait(last.wr_id);
+		wait(last.wr_id, deadline, writes);
+	// A write of this batch that failed may still land until its QP is fenced: not before it
+	// is, or that failed. (own_unfenced_ is set only by this batch's failure: a connect
+	// clears it, and a batch needs a connection.)
+	if (own_unfenced_ && reconnect_by(deadline + timeout_, true) && !stop_requested())
+		logger("rdma")->warn("{}: could not fence the QP of the failed write: no write goes to "
+				     "this memserver until it is",
+				     name_);
 	return end_batch();
 }
-
 DataPathCounters RdmaDataPath::counters() const
 {
 	DataPathCounters c;
@@ -398,10 +533,17 @@ std::unique_ptr<DataPath> ClientContext::open_data_path(const Endpoint &ep, uint
 							 const Mac &attach_key,
 							 std::chrono::milliseconds timeout,
 							 std::span<std::byte> region,
-							 std::shared_ptr<std::atomic<bool>> session_lost)
+							 std::shared_ptr<std::atomic<bool>> session_lost,
+							 std::shared_ptr<RdmaSession> session)
 {
 	return std::make_unique<RdmaDataPath>(*impl_, ep, session_id, token, attach_key, timeout,
-					      region, std::move(session_lost));
+					      region, std::move(session_lost), std::move(session));
+}
+
+uint32_t remote_qp_num(const DataPath &path)
+{
+	const auto *p = dynamic_cast<const RdmaDataPath *>(&path);
+	return p ? p->remote_qpn() : 0;
 }
 
 } // namespace rdmaswap::rdma

@@ -6,6 +6,7 @@
 #include <netdb.h>
 #include <poll.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <stdexcept>
@@ -92,7 +93,7 @@ rdma_cm_event *next_event(rdma_event_channel *ch, std::chrono::milliseconds time
 }
 
 void expect_event(rdma_event_channel *ch, rdma_cm_event_type want, std::chrono::milliseconds timeout,
-		  const char *step, uint32_t *reject_status)
+		  const char *step, uint32_t *reject_status, AcceptData *accept)
 {
 	std::string why;
 	rdma_cm_event *ev = next_event(ch, timeout, why);
@@ -109,6 +110,8 @@ void expect_event(rdma_event_channel *ch, rdma_cm_event_type want, std::chrono::
 		std::memcpy(&r, ev->param.conn.private_data, sizeof r);
 		*reject_status = r.status;
 	}
+	if (got == RDMA_CM_EVENT_ESTABLISHED && accept && ev->param.conn.private_data)
+		parse_accept_data(ev->param.conn.private_data, ev->param.conn.private_data_len, *accept);
 	rdma_ack_cm_event(ev);
 	if (got != want)
 		throw std::runtime_error(std::string(step) + ": got " + rdma_event_str(got) +
@@ -116,8 +119,18 @@ void expect_event(rdma_event_channel *ch, rdma_cm_event_type want, std::chrono::
 					 rdma_event_str(want));
 }
 
+std::chrono::milliseconds bounded(std::chrono::milliseconds timeout, Deadline until)
+{
+	const auto now = Clock::now();
+	if (until <= now)
+		return std::chrono::milliseconds(0);
+	if (until == Deadline::max())
+		return timeout;
+	return std::min(timeout, std::chrono::ceil<std::chrono::milliseconds>(until - now));
+}
+
 void resolve(rdma_cm_id *id, rdma_event_channel *ch, const std::string &host, uint16_t port,
-	     std::chrono::milliseconds timeout)
+	     std::chrono::milliseconds timeout, Deadline until)
 {
 	addrinfo hints{};
 	hints.ai_family = AF_UNSPEC;
@@ -126,7 +139,12 @@ void resolve(rdma_cm_id *id, rdma_event_channel *ch, const std::string &host, ui
 	const std::string p = std::to_string(port);
 	if (int rc = getaddrinfo(host.c_str(), p.c_str(), &hints, &res))
 		throw std::runtime_error("cannot resolve " + host + ": " + gai_strerror(rc));
-	const int rc = rdma_resolve_addr(id, nullptr, res->ai_addr, int(timeout.count()));
+	auto step = bounded(timeout, until);
+	int rc = -1;
+	if (step.count() > 0)
+		rc = rdma_resolve_addr(id, nullptr, res->ai_addr, int(step.count()));
+	else
+		errno = ETIMEDOUT;
 	const int err = errno;
 	freeaddrinfo(res);
 	if (rc) {
@@ -134,12 +152,67 @@ void resolve(rdma_cm_id *id, rdma_event_channel *ch, const std::string &host, ui
 		throw std::runtime_error(errno_text("rdma_resolve_addr") +
 					 " (no RDMA device routes to " + host + "?)");
 	}
-	expect_event(ch, RDMA_CM_EVENT_ADDR_RESOLVED, timeout + std::chrono::seconds(1),
-		     "RDMA address resolution");
-	if (rdma_resolve_route(id, int(timeout.count())))
+	expect_event(ch, RDMA_CM_EVENT_ADDR_RESOLVED,
+		     bounded(timeout + std::chrono::seconds(1), until), "RDMA address resolution");
+	step = bounded(timeout, until);
+	if (step.count() <= 0)
+		throw std::runtime_error("RDMA route resolution: timed out");
+	if (rdma_resolve_route(id, int(step.count())))
 		throw std::runtime_error(errno_text("rdma_resolve_route"));
-	expect_event(ch, RDMA_CM_EVENT_ROUTE_RESOLVED, timeout + std::chrono::seconds(1),
-		     "RDMA route resolution");
+	expect_event(ch, RDMA_CM_EVENT_ROUTE_RESOLVED,
+		     bounded(timeout + std::chrono::seconds(1), until), "RDMA route resolution");
+}
+
+int parse_connect_data(const void *data, size_t len, ConnectData &out)
+{
+	if (!data || len < kConnectDataV2Size)
+		return EPROTO;
+	std::array<std::byte, sizeof(ConnectData)> raw{};
+	std::memcpy(raw.data(), data, std::min(len, raw.size()));
+	ConnectData cd;
+	std::memcpy(&cd, raw.data(), sizeof cd);
+	if (cd.magic != kConnectMagic)
+		return EPROTO;
+	if (cd.version == 2)
+		std::fill(std::begin(cd.replaces), std::end(cd.replaces), 0u); // (IB's padding)
+	else if (cd.version != 3 || len < sizeof cd)
+		return EPROTO;
+	out = cd;
+	return 0;
+}
+
+bool parse_accept_data(const void *data, size_t len, AcceptData &out)
+{
+	AcceptData a;
+	if (!data || len < sizeof a)
+		return false;
+	std::memcpy(&a, data, sizeof a);
+	if (a.magic != kConnectMagic || a.version < 3)
+		return false;
+	out = a;
+	return true;
+}
+
+std::array<std::byte, kAttachMacSize> connect_mac(const Mac &attach_key, const ConnectData &cd)
+{
+	if (cd.version == 2)
+		return attach_mac(attach_key, cd.session_id, cd.token, cd.cm_nonce);
+	std::array<std::byte, 8 * 3 + 4 * kMaxReplaces> msg;
+	size_t n = 0;
+	auto put = [&](uint64_t v, int bytes) {
+		for (int i = 0; i < bytes; i++)
+			msg[n++] = std::byte((v >> (8 * i)) & 0xff);
+	};
+	put(cd.session_id, 8);
+	put(cd.token, 8);
+	put(cd.cm_nonce, 8);
+	for (uint32_t q : cd.replaces)
+		put(q, 4);
+	const AuthKey key(attach_key); // (HMAC under the attach key)
+	const Mac m = key.mac("rdmaswap-rdma-attach-v3", {msg});
+	std::array<std::byte, kAttachMacSize> out;
+	std::memcpy(out.data(), m.data(), out.size());
+	return out;
 }
 
 } // namespace rdmaswap::rdma

@@ -297,6 +297,124 @@ TEST_CASE("A memserver that goes away makes I/O fail with EIO promptly")
 }
 
 namespace {
+// One memserver session whose data paths share one RdmaSession, as RemoteServer's do.
+struct FenceClient {
+	FenceClient(const Endpoint &e, std::chrono::milliseconds t)
+		: ep(e), timeout(t), ctx(e, t), cc(resolve(e), t, test_key())
+	{
+		proto::HelloReply hello;
+		REQUIRE(cc.open_session(true, hello) == 0);
+	}
+	std::unique_ptr<DataPath> open()
+	{
+		return ctx.open_data_path(ep, cc.session_id(), cc.token(), cc.attach_key(), timeout,
+					  region, lost, session);
+	}
+	void grant() // after a path is open (the session's PD comes with its first QP)
+	{
+		proto::AllocReply a;
+		REQUIRE(cc.alloc(a) == 0);
+		slab = SlabGrant{a.slab_id, a.length, a.addr, a.rkey};
+	}
+	int write(DataPath &p, uint64_t off, uint8_t v)
+	{
+		std::memset(region.data(), v, 4096);
+		if (int err = p.post_write(slab, off, 4096, region.data())) {
+			p.complete();
+			return err;
+		}
+		return p.complete();
+	}
+	int read(DataPath &p, uint64_t off, uint8_t &v)
+	{
+		std::byte *dst = region.data() + 4096;
+		if (int err = p.post_read(slab, off, 4096, dst)) {
+			p.complete();
+			return err;
+		}
+		const int err = p.complete();
+		v = uint8_t(dst[0]);
+		return err;
+	}
+	Endpoint ep;
+	std::chrono::milliseconds timeout;
+	rdma::ClientContext ctx;
+	ControlClient cc;
+	std::vector<std::byte> region = std::vector<std::byte>(1 << 16);
+	std::shared_ptr<std::atomic<bool>> lost = std::make_shared<std::atomic<bool>>(false);
+	std::shared_ptr<rdma::RdmaSession> session = rdma::make_rdma_session();
+	SlabGrant slab;
+};
+} // namespace
+
+// Issue 25 (docs/architecture.md, "A failed write's outcome"): a connect names the memserver's
+// QPs of the session that may still execute a failed write; they execute nothing after it.
+// (The late packets themselves: tests/vm/rdmafence.cpp, with tc in the VM.)
+TEST_CASE("A connect naming a QP of its session fences it: that QP executes nothing more")
+{
+	TestServer ts(64ull << 20, 8ull << 20);
+	FenceClient c(ts.endpoint(), std::chrono::seconds(1));
+	auto a = c.open();
+	auto b = c.open();
+	c.grant();
+	REQUIRE(c.write(*a, 0, 0x11) == 0);
+	const uint32_t qa = rdma::remote_qp_num(*a), qb = rdma::remote_qp_num(*b);
+	REQUIRE(qa != 0); // the accept told it
+	REQUIRE(qb != 0);
+	CHECK(qa != qb);
+	// Reads go on while a QP is unfenced; a write first fences it (here: a number the
+	// memserver does not have, which is fenced already).
+	c.session->unfenced(0xfffff0);
+	uint8_t v = 0;
+	REQUIRE(c.read(*b, 0, v) == 0);
+	CHECK(v == 0x11);
+	CHECK(rdma::remote_qp_num(*b) == qb);
+	REQUIRE(c.write(*b, 4096, 0x22) == 0);
+	CHECK(c.session->unfenced_count() == 0);
+	const uint32_t qb2 = rdma::remote_qp_num(*b);
+	CHECK(qb2 != qb); // B reconnected to name it
+	// As if A's last batch of writes had failed: its QP is unfenced. B's next write fences
+	// it (B reconnects naming it) before it goes out.
+	c.session->unfenced(qa);
+	REQUIRE(c.write(*b, 4096, 0x23) == 0);
+	CHECK(c.session->unfenced_count() == 0);
+	// A's QP at the memserver executes nothing more: A's write fails and never lands.
+	CHECK(c.write(*a, 0, 0x33) == EIO);
+	REQUIRE(c.read(*b, 0, v) == 0);
+	CHECK(v == 0x11);
+	REQUIRE(c.read(*b, 4096, v) == 0);
+	CHECK(v == 0x23);
+	// A's failed write was fenced by A's own reconnect at once: A works again.
+	CHECK(c.session->unfenced_count() == 0);
+	REQUIRE(c.write(*a, 0, 0x44) == 0);
+	REQUIRE(c.read(*b, 0, v) == 0);
+	CHECK(v == 0x44);
+}
+
+TEST_CASE("A connect never fences another session's QP")
+{
+	TestServer ts(64ull << 20, 8ull << 20);
+	FenceClient c1(ts.endpoint(), std::chrono::seconds(1));
+	FenceClient c2(ts.endpoint(), std::chrono::seconds(1));
+	auto p1 = c1.open();
+	auto p2 = c2.open();
+	c1.grant();
+	c2.grant();
+	REQUIRE(c1.write(*p1, 0, 0x55) == 0);
+	const uint32_t q1 = rdma::remote_qp_num(*p1);
+	REQUIRE(q1 != 0);
+	// Session 2 names session 1's QP: its connect is taken, and the QP left alone.
+	c2.session->unfenced(q1);
+	REQUIRE(c2.write(*p2, 0, 0x66) == 0);
+	CHECK(c2.session->unfenced_count() == 0);
+	REQUIRE(c1.write(*p1, 4096, 0x77) == 0);
+	uint8_t v = 0;
+	REQUIRE(c1.read(*p1, 4096, v) == 0);
+	CHECK(v == 0x77);
+	CHECK(rdma::remote_qp_num(*p1) == q1);
+}
+
+namespace {
 DataPathCounters minus(const DataPathCounters &a, const DataPathCounters &b)
 {
 	DataPathCounters d;

@@ -816,6 +816,7 @@ one_swap_run() {
         reconnect-*) reconnect_run "${1#reconnect-}"; return ;;
         soak-*) soak_run "${1#soak-}"; return ;;
         app-*) app_run "${1#app-}"; return ;;
+        fence-*) fence_run "${1#fence-}"; return ;;
     esac
     _run=$1
     _kind=cgroup
@@ -1568,14 +1569,34 @@ reconnect_run() {   # reconnect_run tcp|rdma
 # file written at least timeout= + 2 s after the fault), then 2-5 s, then the next fault: with
 # replicas=2 a second donor's fault before the repair is a double fault, which may fail with
 # EIO.  Not back to full redundancy by the end: no more faults (said in the report).
+# Meanwhile the history checker (issue 25): a second nbdkit with the plugin over T to the same
+# memservers (replicas=2, the same timeout=, no --swap: nothing swaps to it; size SOAK_HIST_SIZE,
+# its own socket, status file and volume name) serves nbdhistory, which writes self-naming
+# blocks, reads, trims and zeroes them from SOAK_HIST_THREADS connections (hot set, failed
+# writes retried with new contents, whole-slab trims) and checks every read against the
+# guarantee, then, once its faulty phase is over, rewrites the blocks whose last write failed
+# and reads the whole export back.  The injector's wait for full redundancy covers both volumes.
 # The schedule comes from SOAK_SEED (printed; the same seed gives the same faults).
 # Report (RDMASWAP-VM-SOAK lines, printed by the host too): faults by kind, content errors,
 # longest probe stall, longest page-in stall, hung-task warnings (kernel.hung_task_timeout_secs
-# set to SOAK_HUNG for the run), I/O errors, the plugin's status.  FAIL on a content error
-# (swapload MISMATCH or death), an I/O error or hung task in dmesg, a failed probe read, nbdkit
-# dying, or the workload still running SOAK_GRACE s after its end.
+# set to SOAK_HUNG for the run), I/O errors, the plugin's status, the history checker's
+# operations, EIOs, violations and longest request against the bound (7 x timeout=).  FAIL on a
+# content error (swapload MISMATCH or death), a violation of the guarantee (nbdhistory), an I/O
+# error or hung task in dmesg, a failed probe read, either nbdkit dying, or the workload still
+# running SOAK_GRACE s after its end.  EIO on the history export is allowed (a double fault, a
+# donor killed while it held the only valid copy); wrong bytes are not.
 
 SOAK_NET=0
+# The history export (settings not in the list at the top of this file: a conf value wins)
+: "${SOAK_HIST_SIZE:=16M}"   # soak runs: the history export's size= (two of the 8M slabs)
+: "${SOAK_HIST_THREADS:=4}"  # soak runs: nbdhistory's threads, each with its NBD connection
+: "${SOAK_HIST_RATE:=10}"    # soak runs: nbdhistory's operations per second per thread at most
+: "${SOAK_HIST_TAIL:=4}"     # soak runs: nbdhistory's faulty phase ends this long before the
+                             # soak's (its rewrite and read-back take about that much)
+SOAK_HIST_SOCK=/run/nbd-hist.sock
+SOAK_HIST_PIDFILE=/run/nbdkit-hist.pid
+SOAK_HIST_STATUS=/run/rdmaswap-hist.status
+SOAK_HIST_PID=""
 
 soak_addr() { echo "10.77.0.$((10 + $1))"; }
 soak_pid() { eval "echo \${SOAK_PID$1:-}"; }
@@ -1741,13 +1762,68 @@ soak_target() {
             END { print d + 0 }'
 }
 
-# soak_redundant SINCE: the plugin holds every slab on 2 valid replicas, says a status file
-# written after SINCE (date +%s; the file is rewritten every second, unless the plugin's status
-# thread waits, e.g. for a slab lock that a repair holds: then an old file must not count)
+# soak_redundant SINCE: both plugins (swap and history) hold every slab on 2 valid replicas,
+# say status files written after SINCE (date +%s; a file is rewritten every second, unless the
+# plugin's status thread waits, e.g. for a slab lock that a repair holds: then an old file must
+# not count)
 soak_redundant() {
     [ "$(stat -c %Y "$STATUSFILE" 2>/dev/null || echo 0)" -gt "$1" ] \
-        && [ "$(status_value degraded)" = 0 ] && [ "$(status_value lost)" = 0 ]
+        && [ "$(status_value degraded)" = 0 ] && [ "$(status_value lost)" = 0 ] \
+        && [ "$(stat -c %Y "$SOAK_HIST_STATUS" 2>/dev/null || echo 0)" -gt "$1" ] \
+        && [ "$(soak_hist_value degraded)" = 0 ] && [ "$(soak_hist_value lost)" = 0 ]
 }
+soak_hist_value() { sed -n "s/^$1=//p" "$SOAK_HIST_STATUS" 2>/dev/null | head -n 1; }
+
+# soak_hist_start T SERVERS: the history export's nbdkit in the background (soak_hist_ready
+# waits for it): the plugin over T to the soak's memservers, replicas=2, timeout= as the swap
+# plugin's.  No --swap (nothing swaps to this export), but the plugin locks nbdkit's memory
+# itself (mlockall, as root): 1 MiB stacks (as start_nbdkit) and 2 threads per connection (-t;
+# nbdhistory keeps one request in flight on each) keep that small.  realtime=0: not a swap
+# device (no reclaim cycle to break), and at normal priority its load yields to the swap path
+# and the injector instead of delaying them.
+soak_hist_start() {
+    rm -f "$SOAK_HIST_SOCK" "$SOAK_HIST_PIDFILE" "$SOAK_HIST_STATUS"
+    : > /run/nbdkit-hist.log
+    say "[$CUR] starting the history export: nbdkit -f -t 2 rdmaswap$2 size=$SOAK_HIST_SIZE" \
+        "transport=$1 replicas=2 timeout=$SOAK_PLUGIN_TIMEOUT volume=soakhist lease=0 realtime=0${PLUGIN_ARGS:+ $PLUGIN_ARGS}"
+    # shellcheck disable=SC3045,SC2086  # busybox ash has ulimit -s; PLUGIN_ARGS: words
+    (ulimit -s 1024; exec nbdkit -f -t 2 --log=stderr -P "$SOAK_HIST_PIDFILE" -U "$SOAK_HIST_SOCK" \
+        rdmaswap $2 "size=$SOAK_HIST_SIZE" "transport=$1" replicas=2 "timeout=$SOAK_PLUGIN_TIMEOUT" \
+        "statusfile=$SOAK_HIST_STATUS" volume=soakhist lease=0 realtime=0 "auth-key=$AUTH_KEY" \
+        $PLUGIN_ARGS) >> /run/nbdkit-hist.log 2>&1 &
+    SOAK_HIST_PID=$!
+    echo -1000 > "/proc/$SOAK_HIST_PID/oom_score_adj" 2>/dev/null
+    SOAK_HIST_T0=$(uptime_s)
+}
+
+soak_hist_ready() {
+    if ! wait_until 60 eval 'test -S "$SOAK_HIST_SOCK" && test -s "$SOAK_HIST_PIDFILE" || ! alive $SOAK_HIST_PID' \
+            || ! alive "$SOAK_HIST_PID"; then
+        file_tail /run/nbdkit-hist.log 30 "history nbdkit log"
+        fail "[$CUR] the history export's nbdkit made no socket $SOAK_HIST_SOCK within 60 s (or died)"
+    fi
+    say "[$CUR] history export ready $(elapsed "$SOAK_HIST_T0" "$(uptime_s)") s after its start:" \
+        "nbdkit pid $SOAK_HIST_PID, VmRSS $(proc_status_kib "$SOAK_HIST_PID" VmRSS) kB," \
+        "VmLck $(proc_status_kib "$SOAK_HIST_PID" VmLck) kB; MemAvailable $(meminfo_kib MemAvailable) kB"
+}
+
+soak_hist_stop() {
+    [ -n "$SOAK_HIST_PID" ] || return 0
+    kill -TERM "$SOAK_HIST_PID" 2>/dev/null
+    if ! wait_until 30 eval '! alive $SOAK_HIST_PID'; then
+        kill -9 "$SOAK_HIST_PID" 2>/dev/null
+        fail "[$CUR] the history export's nbdkit did not exit within 30 s of SIGTERM"
+    fi
+    wait "$SOAK_HIST_PID" 2>/dev/null
+    SOAK_HIST_PID=""
+}
+
+# soak_cpu_ticks: the guest's CPU time so far, "idle total" in clock ticks (/proc/stat; idle
+# counts iowait too)
+soak_cpu_ticks() { awk '$1 == "cpu" { print $5 + $6, $2 + $3 + $4 + $5 + $6 + $7 + $8 + $9; exit }' /proc/stat; }
+
+# soak_hist_field KEY: KEY's value in nbdhistory's summary line (KEY=VALUE words)
+soak_hist_field() { sed -n "s/^nbdhistory: seed=.* $1=\([^ ]*\).*/\1/p" /run/nbdhistory.out | head -n 1; }
 
 soak_heal_link() {   # soak_heal_link I: no netem, no nft drop on donor I's link
     "$TC" qdisc del dev "vd$1" root 2>/dev/null
@@ -1844,6 +1920,7 @@ soak_run() {   # soak_run tcp|rdma
     start_nbdkit rdmaswap $_servers "size=$SOAK_SIZE" "transport=$1" replicas=2 \
         "timeout=$SOAK_PLUGIN_TIMEOUT" "statusfile=$STATUSFILE" "auth-key=$AUTH_KEY" $PLUGIN_ARGS
     nbd_connect -swap
+    soak_hist_start "$1" "$_servers"   # (its start-up overlaps the prefill)
     prefill
     SWAPDEV=/dev/nbd0
     mkswap /dev/nbd0 > /run/mkswap.log 2>&1 || { cat /run/mkswap.log; fail "mkswap /dev/nbd0 failed"; }
@@ -1851,6 +1928,7 @@ soak_run() {   # soak_run tcp|rdma
     wait_until 5 eval '[ "$(status_value slabs_live)" -gt 0 ] 2>/dev/null' || fail "[$CUR] no plugin status"
     say "[$CUR] plugin: slabs_live=$(status_value slabs_live) degraded=$(status_value degraded);" \
         "$(grep '^donor\.' "$STATUSFILE" | tr '\n' ' ')"
+    soak_hist_ready
     _pk0=""
     _i=1
     while [ "$_i" -le "$SOAK_SERVERS" ]; do _pk0="$_pk0 $(soak_link_pkts "$_i")"; _i=$((_i + 1)); done
@@ -1860,19 +1938,31 @@ soak_run() {   # soak_run tcp|rdma
     echo +memory > /sys/fs/cgroup/cgroup.subtree_control 2>/dev/null
     [ -d "$CG" ] || mkdir "$CG" || fail "cannot create cgroup $CG"
     echo "$SOAK_CG_MAX" > "$CG/memory.max" || fail "cannot set $CG/memory.max"
+    soak_schedule "$SOAK_SEED" > /run/soak-schedule   # (before the load: awk under TCG is slow)
     _out0=$(vmstat pswpout)
     _in0=$(vmstat pswpin)
+    _cpu0=$(soak_cpu_ticks)
+    _ncpu0=$(cpu_s "$NBDKIT_PID")
+    _hcpu0=$(cpu_s "$SOAK_HIST_PID")
     _t0=$(uptime_s)
     SOAK_END=$(addf "$_t0" "$SOAK_SECONDS")
+    _hsecs=$SOAK_SECONDS
+    [ "$SOAK_SECONDS" -gt $((2 * SOAK_HIST_TAIL)) ] && _hsecs=$((SOAK_SECONDS - SOAK_HIST_TAIL))
+    _hbound=$((7 * SOAK_PLUGIN_TIMEOUT))   # docs/architecture.md, "The guarantee"
     say "[$CUR] soak from $_t0 to $SOAK_END s: swapload --mib $SOAK_MIB --rewrite --seconds $SOAK_SECONDS" \
-        "(cgroup memory.max=$SOAK_CG_MAX), nbdprobe, faults (hung_task_timeout_secs=$SOAK_HUNG)"
+        "(cgroup memory.max=$SOAK_CG_MAX), nbdprobe, nbdhistory ($SOAK_HIST_THREADS connections," \
+        "$_hsecs s), faults (hung_task_timeout_secs=$SOAK_HUNG)"
     # shellcheck disable=SC2016
     sh -c 'echo $$ > "$1/cgroup.procs" || exit 3; shift; exec swapload "$@"' sh "$CG" \
         --mib "$SOAK_MIB" --seconds "$SOAK_SECONDS" --rewrite --seed "$SEED" > /run/swapload.out 2>&1 &
     _wpid=$!
     nbdprobe --device /dev/nbd0 --seconds "$SOAK_SECONDS" --seed "$SOAK_SEED" > /run/nbdprobe.out 2>&1 &
     _ppid=$!
-    soak_schedule "$SOAK_SEED" > /run/soak-schedule
+    nbdhistory --socket "$SOAK_HIST_SOCK" --seconds "$_hsecs" --seed "$SOAK_SEED" \
+        --threads "$SOAK_HIST_THREADS" --rate "$SOAK_HIST_RATE" \
+        --slab-size "$(($(size_kib "$SOAK_SLAB") * 1024))" --settle 1 --bound "$_hbound" \
+        --fault-log /run/soak-faults > /run/nbdhistory.out 2>&1 &
+    _hpid=$!
     # The injector (this shell and what it starts) runs at real-time priority 2, above nbdkit's
     # and the memservers' threads (SCHED_RR 1): otherwise, with the CPUs busy, its tc and nft
     # commands waited for the 5 % that RT throttling leaves and a 6 s delay lasted 20 s.
@@ -1880,6 +1970,7 @@ soak_run() {   # soak_run tcp|rdma
         chrt -r -p 2 $$ > /dev/null || fail "[$CUR] chrt -r -p 2 (the injector)"
     fi
     sleep 2   # the workload gets going first
+    say "[$CUR] injector starts at $(uptime_s) s"
     # (names of their own: alive() and wait_until() set _p, _c, _st, _n)
     while read -r _sn _sk _sd _sp _sh _sg <&3; do
         # every fault ends (and the next would start) at least 5 s before the workload does
@@ -1910,7 +2001,8 @@ soak_run() {   # soak_run tcp|rdma
         else
             echo "$_sn never" >> /run/soak-recovery
             say "[$CUR] fault $_sn: not back to full redundancy by the end of the soak" \
-                "(degraded=$(status_value degraded) lost=$(status_value lost)): no more faults"
+                "(degraded=$(status_value degraded) lost=$(status_value lost); history export" \
+                "degraded=$(soak_hist_value degraded) lost=$(soak_hist_value lost)): no more faults"
             break
         fi
         sleep "$_sg"
@@ -1922,21 +2014,27 @@ soak_run() {   # soak_run tcp|rdma
         _i=$((_i + 1))
     done
     command -v chrt > /dev/null 2>&1 && chrt -o -p 0 $$ > /dev/null
-    say "[$CUR] injector done at $(uptime_s) s; waiting for swapload and nbdprobe"
-    wait_until "$((SOAK_SECONDS + SOAK_GRACE))" eval '! alive $_wpid && ! alive $_ppid' || true
+    say "[$CUR] injector done at $(uptime_s) s; waiting for swapload, nbdprobe and nbdhistory"
+    wait_until "$((SOAK_SECONDS + SOAK_GRACE))" eval '! alive $_wpid && ! alive $_ppid && ! alive $_hpid' || true
     _hung=$(dmesg | grep -c 'blocked for more than')
     _ioerr=$(dmesg | grep -c 'I/O error')
     _stuck=""
     alive "$_wpid" && _stuck="swapload"
     alive "$_ppid" && _stuck="$_stuck nbdprobe"
+    alive "$_hpid" && _stuck="$_stuck nbdhistory"
     _wrc=none
-    [ -n "$_stuck" ] || { wait "$_wpid"; _wrc=$?; wait "$_ppid"; }
+    _hrc=none
+    [ -n "$_stuck" ] || { wait "$_wpid"; _wrc=$?; wait "$_ppid"; wait "$_hpid"; _hrc=$?; }
     W_SECS=$(elapsed "$_t0" "$(uptime_s)")
     W_OUT=$(($(vmstat pswpout) - _out0))
     W_IN=$(($(vmstat pswpin) - _in0))
+    _cpu=$(echo "$_cpu0 $(soak_cpu_ticks) $(cpu_s "$NBDKIT_PID") $_ncpu0 $(cpu_s "$SOAK_HIST_PID") $_hcpu0" \
+        | awk '{ printf "guest CPUs idle %.0f %% from the start of the soak to the end of its workload; CPU seconds meanwhile: swap nbdkit %.1f, history nbdkit %.1f", ($4 - $2 > 0) ? 100 * ($3 - $1) / ($4 - $2) : 0, $5 - $6, $7 - $8 }')
     grep -v '^swapload: stall ' /run/swapload.out | tail -n 8
     tail -n 30 /run/nbdprobe.out
+    cat /run/nbdhistory.out   # its start and summary lines; on a violation, each with its history
     file_tail /run/nbdkit.log 60 "nbdkit log"
+    file_tail /run/nbdkit-hist.log 30 "history nbdkit log"
 
     # the report
     _ok=$(grep -c '^swapload: OK pages=' /run/swapload.out)
@@ -1944,6 +2042,7 @@ soak_run() {   # soak_run tcp|rdma
     _ps=$(sed -n 's/^nbdprobe: reads=//p' /run/nbdprobe.out)
     _perr=$(echo "$_ps" | sed -n 's/.* errors=\([0-9]*\) .*/\1/p')
     _nf=$(wc -l < /run/soak-faults)
+    _hv=$(soak_hist_field violations)
     _pkt=""
     _i=1
     for _p0 in $_pk0; do
@@ -1961,6 +2060,17 @@ soak_run() {   # soak_run tcp|rdma
         echo "packets over the donors' links during the soak:$_pkt"
         echo "plugin: $(grep -E '^(slabs_live|degraded|lost|repaired|repair_bytes|server_failures)=' "$STATUSFILE" | tr '\n' ' ')"
         grep '^donor\.' "$STATUSFILE"
+        echo "history: ops=$(soak_hist_field ops) reads=$(soak_hist_field reads) writes=$(soak_hist_field writes)" \
+            "eio=$(soak_hist_field eio) violations=${_hv:-?} longest=$(soak_hist_field longest) (bound ${_hbound}s)"
+        echo "history detail: trims=$(soak_hist_field trims) zeros=$(soak_hist_field zeros)" \
+            "failed=$(soak_hist_field failed) $(sed -n 's/^nbdhistory: seed=.* eio=[0-9]* \(([^)]*)\).*/\1/p' /run/nbdhistory.out)" \
+            "reads-checked=$(soak_hist_field reads-checked) (data $(soak_hist_field data), zeros" \
+            "$(soak_hist_field zero-reads), mixed-in-flux $(soak_hist_field mixed-in-flux))" \
+            "read-back=$(soak_hist_field read-back) blocks unwritten=$(soak_hist_field unwritten)" \
+            "seed=$SOAK_SEED exit=$_hrc cpu=$(soak_hist_field cpu); longest: $(sed -n 's/^nbdhistory: seed=.*(longest: \(.*\))$/\1/p' /run/nbdhistory.out)"
+        echo "cpu: $_cpu"
+        echo "history plugin: $(grep -E '^(slabs_live|degraded|lost|repaired|repair_bytes|server_failures)=' "$SOAK_HIST_STATUS" | tr '\n' ' ')" \
+            "nbdkit VmRSS $(proc_status_kib "$SOAK_HIST_PID" VmRSS) kB VmLck $(proc_status_kib "$SOAK_HIST_PID" VmLck) kB"
         # per fault: the slowest probe read (of those >= 500 ms) and page access (>= 1 s) that
         # overlapped the time from the fault's start to the end of its recovery
         awk '
@@ -1986,6 +2096,10 @@ soak_run() {   # soak_run tcp|rdma
     [ -z "$_stuck" ] || fail "[$CUR] still running $SOAK_GRACE s after the soak's end: $_stuck (hang?)"
     [ "$_mis" = 0 ] && [ "$_ok" = 1 ] || fail "[$CUR] swapload: $(grep -m1 -E 'MISMATCH|SIGBUS' /run/swapload.out || echo "exit $_wrc, no OK line")"
     [ "$_wrc" = 0 ] || fail "[$CUR] swapload exit status $_wrc"
+    [ -n "$_hv" ] || fail "[$CUR] nbdhistory printed no summary (exit $_hrc): $(tail -n 1 /run/nbdhistory.out)"
+    [ "$_hv" = 0 ] || fail "[$CUR] nbdhistory: $_hv violations of the guarantee: $(grep -m1 '^VIOLATION' /run/nbdhistory.out)"
+    [ "$_hrc" = 0 ] || fail "[$CUR] nbdhistory exit status $_hrc: $(grep -m1 'FAIL' /run/nbdhistory.out)"
+    alive "$SOAK_HIST_PID" || fail "[$CUR] the history export's nbdkit died"
     [ "$_hung" = 0 ] || fail "[$CUR] hung-task warning: $(dmesg | grep -m1 'blocked for more than')"
     [ "$_ioerr" = 0 ] || fail "[$CUR] I/O error in the kernel log: $(dmesg | grep -m1 'I/O error')"
     [ "${_perr:-x}" = 0 ] || fail "[$CUR] nbdprobe: ${_ps:-no summary}"
@@ -1997,6 +2111,7 @@ soak_run() {   # soak_run tcp|rdma
         || { cat /run/swapoff.log; fail "swapoff /dev/nbd0 failed or hung"; }
     nbd_disconnect
     stop_nbdkit
+    soak_hist_stop
     _i=1
     while [ "$_i" -le "$SOAK_SERVERS" ]; do
         MS_PID=$(soak_pid "$_i")
@@ -2006,7 +2121,8 @@ soak_run() {   # soak_run tcp|rdma
     done
     check_dmesg
     echo "$CUR $W_SECS $W_OUT $W_IN $SOAK_MIB" >> /run/bench.txt
-    say "[$CUR] PASS: $_nf faults over $SOAK_SECONDS s, every page verified, no I/O error, no hung task;" \
+    say "[$CUR] PASS: $_nf faults over $SOAK_SECONDS s, every page verified, no I/O error, no hung task," \
+        "$(soak_hist_field reads-checked) reads of the history export checked, no violation;" \
         "whole run $(elapsed "$_r0" "$(uptime_s)") s"
 }
 
@@ -2364,6 +2480,97 @@ app_run() {   # app_run rdma|tcp|memory|zram|disk
     app_swap_off "$_ab"
     check_dmesg
     say "[$CUR] PASS: whole run $(elapsed "$_ar0" "$(uptime_s)") s"
+}
+
+# ---------------------------------------------------------------------------------------------
+# fence-rdma (issue 25, defect 1 over RDMA): a write that failed may never land after a newer one
+# that was acknowledged.  One memserver at FENCE_ADDR on veth1 with a Soft-RoCE device of its
+# own (rxef); policy routing, as in the soak but on the veth pair itself, makes the traffic
+# between rxe0 (ADDR) and it cross veth0 -> veth1, where tc holds what the test picks.
+# rdmafence (tests/vm/rdmafence.cpp) opens two data paths A and B of one session, holds A's
+# packets to the memserver (its QP number in the RoCE BTH) and the CM's DREQs in a netem delay
+# of FENCE_DELAY ms, so that A's write of 0xbb fails at FENCE_TIMEOUT ms (timeout=) and reaches
+# the memserver late; B writes 0xcc meanwhile; once the held packets are in, a read must give
+# 0xcc (or EIO), never 0xbb.  Two scenarios: A's fence at once (its reconnect names its old QP),
+# and a fence that fails (connect requests dropped too: B's write must fail, then fence A's QP
+# itself once connects pass).  Everything is undone at the end.
+FENCE_ADDR=10.77.0.21
+FENCE_TIMEOUT=1000
+FENCE_DELAY=6000
+FENCE_PID=""
+FENCE_SYSCTL=""   # name=value of each sysctl changed, to restore
+
+fence_sysctl() {   # fence_sysctl IF KEY VALUE
+    _f=/proc/sys/net/ipv4/conf/$1/$2
+    FENCE_SYSCTL="$FENCE_SYSCTL $1/$2=$(cat "$_f")"
+    echo "$3" > "$_f" || fail "[$CUR] cannot set net.ipv4.conf.$1.$2=$3"
+}
+fence_ready() { alive "$FENCE_PID" && rdmaswapctl status "server=$FENCE_ADDR:$PORT" "auth-key=$AUTH_KEY" > /run/ctl-fence.out 2>&1; }
+
+fence_net_up() {
+    for _c in all default veth0 veth1; do
+        fence_sysctl "$_c" rp_filter 0
+        fence_sysctl "$_c" accept_local 1
+    done
+    "$IP" addr add "$FENCE_ADDR/32" dev veth1 || fail "[$CUR] ip addr add $FENCE_ADDR/32 dev veth1"
+    "$IP" neigh replace "$FENCE_ADDR" lladdr "$(cat /sys/class/net/veth1/address)" dev veth0 nud permanent \
+        && "$IP" neigh replace "$ADDR" lladdr "$(cat /sys/class/net/veth0/address)" dev veth1 nud permanent \
+        || fail "[$CUR] static neighbour entries"
+    "$IP" route add "$FENCE_ADDR/32" dev veth0 src "$ADDR" table 150 \
+        && "$IP" route add "$ADDR/32" dev veth1 src "$FENCE_ADDR" table 151 \
+        && "$IP" rule add pref 50 iif veth0 lookup local \
+        && "$IP" rule add pref 51 iif veth1 lookup local \
+        && "$IP" rule add pref 52 to "$FENCE_ADDR" lookup 150 \
+        && "$IP" rule add pref 53 from "$FENCE_ADDR" lookup 151 \
+        && "$IP" rule add pref 100 lookup local && "$IP" rule del pref 0 lookup local \
+        || fail "[$CUR] routing rules for $FENCE_ADDR"
+    rdma link add rxef type rxe netdev veth1 || fail "[$CUR] rdma link add rxef netdev veth1"
+    wait_until 20 grep -q ACTIVE /sys/class/infiniband/rxef/ports/1/state \
+        || fail "[$CUR] rxef on veth1 is not ACTIVE"
+    say "[$CUR] link: $(ip -o -4 route get "$FENCE_ADDR" | head -n 1 | tr -s ' ')"
+}
+
+fence_net_down() {
+    rdma link del rxef 2>/dev/null
+    "$IP" rule add pref 0 lookup local 2>/dev/null
+    for _p in 100 53 52 51 50; do "$IP" rule del pref "$_p" 2>/dev/null; done
+    "$IP" route flush table 150 2>/dev/null
+    "$IP" route flush table 151 2>/dev/null
+    "$IP" neigh del "$FENCE_ADDR" dev veth0 2>/dev/null
+    "$IP" neigh del "$ADDR" dev veth1 2>/dev/null
+    "$IP" addr del "$FENCE_ADDR/32" dev veth1 2>/dev/null
+    for _kv in $FENCE_SYSCTL; do echo "${_kv#*=}" > "/proc/sys/net/ipv4/conf/${_kv%%=*}"; done
+    FENCE_SYSCTL=""
+}
+
+fence_run() {   # fence_run rdma
+    CUR=fence-$1
+    [ "$1" = rdma ] || fail "[$CUR] the fence run is for RDMA only (TCP's fence: tests/unit/test_tcp_fence.cpp)"
+    say "===== $CUR: a failed RDMA write never lands after a newer one (issue 25) ====="
+    _f0=$(uptime_s)
+    fence_net_up
+    rdmaswap-memserver --listen "$FENCE_ADDR" --port "$PORT" --capacity 16M --slab-size 8M \
+        --transport rdma --auth-key "$AUTH_KEY" > /run/memserver-fence.log 2>&1 &
+    FENCE_PID=$!
+    wait_until "$SERVER_WAIT" fence_ready \
+        || { file_tail /run/memserver-fence.log 20 "memserver log"; fail "[$CUR] memserver at $FENCE_ADDR not ready within $SERVER_WAIT s"; }
+    run_bounded 120 /run/rdmafence.out rdmafence --server "$FENCE_ADDR:$PORT" --auth-key "$AUTH_KEY" \
+        --dev veth0 --tc "$TC" --timeout-ms "$FENCE_TIMEOUT" --delay-ms "$FENCE_DELAY"
+    _frc=$?
+    sed "s/^/[$CUR] /" /run/rdmafence.out
+    say "[$CUR] memserver: $(grep -c 'fenced: a new connect named it' /run/memserver-fence.log) QP(s) fenced"
+    kill -TERM "$FENCE_PID" 2>/dev/null
+    wait_until 30 eval '! alive $FENCE_PID' || kill -9 "$FENCE_PID" 2>/dev/null
+    wait "$FENCE_PID" 2>/dev/null
+    FENCE_PID=""
+    fence_net_down
+    case $_frc in
+        0) ;;
+        124) fail "[$CUR] rdmafence did not finish within 120 s" ;;
+        *) file_tail /run/memserver-fence.log 20 "memserver log"; fail "[$CUR] rdmafence failed (exit $_frc): $(grep 'FAIL' /run/rdmafence.out | head -n 1)" ;;
+    esac
+    check_dmesg
+    say "[$CUR] PASS: whole run $(elapsed "$_f0" "$(uptime_s)") s"
 }
 
 # ---------------------------------------------------------------------------------------------

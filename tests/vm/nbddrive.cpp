@@ -6,14 +6,15 @@
 //            [--ctl CTL:OUT[,CTL:OUT...]] [--seed S]
 //   nbddrive --socket PATH --handshake-only
 //
-// Speaks the NBD protocol itself (fixed newstyle, NBD_OPT_EXPORT_NAME with the empty name, simple
-// replies), so it needs nothing beyond libc and the C++ standard library. It opens C connections
-// (4), writes the whole device once in 128 KiB writes (so every slab exists), then runs W random
-// requests per connection (warm-up: every server thread has served every kind), then starts
-// counting in every process named by --ctl (writes '1' to CTL, waits for OUT to say "counting",
-// see tests/alloc/alloc_counter.c), runs N random requests spread over the connections with D in
-// flight on each, stops counting (writes '0', waits for "allocs=") and disconnects. Requests are
-// 4 KiB, 32 KiB or 128 KiB reads or writes (each of the six equally likely), 4 KiB-aligned.
+// Speaks the NBD protocol itself (nbd_wire.h: fixed newstyle, NBD_OPT_EXPORT_NAME with the empty
+// name, simple replies), so it needs nothing beyond libc and the C++ standard library. It opens
+// C connections (4), writes the whole device once in 128 KiB writes (so every slab exists), then
+// runs W random requests per connection (warm-up: every server thread has served every kind),
+// then starts counting in every process named by --ctl (writes '1' to CTL, waits for OUT to say
+// "counting", see tests/alloc/alloc_counter.c), runs N random requests spread over the
+// connections with D in flight on each, stops counting (writes '0', waits for "allocs=") and
+// disconnects. Requests are 4 KiB, 32 KiB or 128 KiB reads or writes (each of the six equally
+// likely), 4 KiB-aligned.
 // Any failed request is an error. --handshake-only connects, negotiates and disconnects (the
 // counter's control: a new connection makes nbdkit allocate).
 //
@@ -21,9 +22,7 @@
 // Exit status: 0 OK, 1 a request or the protocol failed, 2 usage.
 
 #include <fcntl.h>
-#include <sys/socket.h>
 #include <sys/uio.h>
-#include <sys/un.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -45,132 +44,29 @@
 #include <utility>
 #include <vector>
 
+#include "nbd_wire.h"
+
 namespace {
 
-constexpr std::uint64_t kNbdMagic = 0x4e42444d41474943ULL;  // "NBDMAGIC"
-constexpr std::uint64_t kIHaveOpt = 0x49484156454f5054ULL;  // "IHAVEOPT"
-constexpr std::uint16_t kFlagFixedNewstyle = 1;
-constexpr std::uint16_t kFlagNoZeroes = 2;
-constexpr std::uint32_t kOptExportName = 1;
-constexpr std::uint32_t kRequestMagic = 0x25609513;
-constexpr std::uint32_t kReplyMagic = 0x67446698;
-constexpr std::uint16_t kCmdRead = 0;
-constexpr std::uint16_t kCmdWrite = 1;
-constexpr std::uint16_t kCmdDisc = 2;
+using nbdwire::connect_nbd;
+using nbdwire::die;
+using nbdwire::die_errno;
+using nbdwire::disconnect_nbd;
+using nbdwire::get_be;
+using nbdwire::kCmdRead;
+using nbdwire::kCmdWrite;
+using nbdwire::kReplyMagic;
+using nbdwire::read_full;
+using nbdwire::write_full;
+using nbdwire::write_iov;
+
 constexpr std::uint32_t kSizes[] = {4096, 32 * 1024, 128 * 1024};
 constexpr std::uint32_t kMaxLen = 128 * 1024;
-
-[[noreturn]] void die(const char *what) {
-    std::fprintf(stderr, "nbddrive: FAIL %s\n", what);
-    std::exit(1);
-}
-
-[[noreturn]] void die_errno(const char *what) {
-    std::fprintf(stderr, "nbddrive: FAIL %s: %s\n", what, std::strerror(errno));
-    std::exit(1);
-}
 
 double now_s() {
     timespec ts{};
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return static_cast<double>(ts.tv_sec) + static_cast<double>(ts.tv_nsec) / 1e9;
-}
-
-void put_be(unsigned char *p, std::uint64_t v, int bytes) {
-    for (int i = bytes - 1; i >= 0; i--) {
-        p[i] = static_cast<unsigned char>(v);
-        v >>= 8;
-    }
-}
-
-std::uint64_t get_be(const unsigned char *p, int bytes) {
-    std::uint64_t v = 0;
-    for (int i = 0; i < bytes; i++)
-        v = (v << 8) | p[i];
-    return v;
-}
-
-void read_full(int fd, void *buf, std::size_t len) {
-    auto *p = static_cast<unsigned char *>(buf);
-    while (len > 0) {
-        const ssize_t n = ::read(fd, p, len);
-        if (n < 0 && errno == EINTR)
-            continue;
-        if (n < 0)
-            die_errno("read from the NBD socket");
-        if (n == 0)
-            die("the server closed the connection");
-        p += n;
-        len -= static_cast<std::size_t>(n);
-    }
-}
-
-void write_iov(int fd, iovec *iov, int cnt) {
-    while (cnt > 0) {
-        ssize_t n = ::writev(fd, iov, cnt);
-        if (n < 0 && errno == EINTR)
-            continue;
-        if (n < 0)
-            die_errno("write to the NBD socket");
-        while (cnt > 0 && static_cast<std::size_t>(n) >= iov->iov_len) {
-            n -= static_cast<ssize_t>(iov->iov_len);
-            iov++;
-            cnt--;
-        }
-        if (cnt > 0) {
-            iov->iov_base = static_cast<char *>(iov->iov_base) + n;
-            iov->iov_len -= static_cast<std::size_t>(n);
-        }
-    }
-}
-
-void write_full(int fd, const void *buf, std::size_t len) {
-    iovec iov{const_cast<void *>(buf), len};
-    write_iov(fd, &iov, 1);
-}
-
-// connect_nbd: a connected, negotiated socket; sets *size to the export size.
-int connect_nbd(const std::string &path, std::uint64_t *size) {
-    const int fd = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
-    if (fd < 0)
-        die_errno("socket");
-    sockaddr_un sa{};
-    sa.sun_family = AF_UNIX;
-    if (path.size() >= sizeof(sa.sun_path))
-        die("socket path too long");
-    std::memcpy(sa.sun_path, path.c_str(), path.size() + 1);
-    if (::connect(fd, reinterpret_cast<sockaddr *>(&sa), sizeof(sa)) < 0)
-        die_errno("connect");
-    unsigned char hello[18];
-    read_full(fd, hello, sizeof(hello));
-    if (get_be(hello, 8) != kNbdMagic || get_be(hello + 8, 8) != kIHaveOpt)
-        die("the server does not speak newstyle NBD");
-    const auto sflags = static_cast<std::uint16_t>(get_be(hello + 16, 2));
-    if (!(sflags & kFlagFixedNewstyle))
-        die("the server does not offer fixed newstyle");
-    const std::uint32_t cflags = kFlagFixedNewstyle | (sflags & kFlagNoZeroes);
-    unsigned char opt[20];
-    put_be(opt, cflags, 4);
-    put_be(opt + 4, kIHaveOpt, 8);
-    put_be(opt + 12, kOptExportName, 4);
-    put_be(opt + 16, 0, 4);  // the empty export name
-    write_full(fd, opt, sizeof(opt));
-    unsigned char info[10 + 124];
-    read_full(fd, info, (cflags & kFlagNoZeroes) ? 10 : sizeof(info));
-    *size = get_be(info, 8);
-    return fd;
-}
-
-void disconnect_nbd(int fd) {
-    unsigned char req[28];
-    put_be(req, kRequestMagic, 4);
-    put_be(req + 4, 0, 2);
-    put_be(req + 6, kCmdDisc, 2);
-    put_be(req + 8, 0, 8);
-    put_be(req + 16, 0, 8);
-    put_be(req + 24, 0, 4);
-    write_full(fd, req, sizeof(req));
-    ::close(fd);
 }
 
 struct Op {
@@ -208,13 +104,8 @@ public:
             }
             const Op op = gen(i);
             ops_[slot] = op;
-            unsigned char req[28];
-            put_be(req, kRequestMagic, 4);
-            put_be(req + 4, 0, 2);
-            put_be(req + 6, op.type, 2);
-            put_be(req + 8, slot, 8);
-            put_be(req + 16, op.offset, 8);
-            put_be(req + 24, op.len, 4);
+            unsigned char req[nbdwire::kRequestLen];
+            nbdwire::encode_request(req, op.type, slot, op.offset, op.len);
             iovec iov[2] = {{req, sizeof(req)}, {bufs_[slot].data(), op.len}};
             write_iov(fd_, iov, op.type == kCmdWrite ? 2 : 1);
         }
@@ -314,6 +205,7 @@ bool parse_u64(std::string_view s, std::uint64_t *v) {
 }  // namespace
 
 int main(int argc, char **argv) {
+    nbdwire::prog = "nbddrive";
     std::string sock;
     std::uint64_t requests = 100000, warmup = 1000, conns = 4, depth = 16, seed = 1;
     bool handshake_only = false;

@@ -60,7 +60,12 @@ usage: run-vm-test.sh [--mode rdma|tcp|memory|kill|pressure|twohost] [--bench] [
                     veth link, replicas=2; swapload and a 4 KiB O_DIRECT probe of /dev/nbd0
                     every 100 ms while netem delay, netem loss, an nftables partition,
                     SIGSTOP/SIGCONT and kill -9 + restart hit one donor after another; every
-                    page verified, no I/O error, no hung task (report: RDMASWAP-VM-SOAK lines)
+                    page verified, no I/O error, no hung task; meanwhile nbdhistory checks
+                    every read of a second export (a second nbdkit with the plugin) against
+                    the guarantee: no violation (report: RDMASWAP-VM-SOAK lines)
+                    fence-rdma: the RDMA fence (issue 25): tests/vm/rdmafence with two data
+                    paths of one session, tc holding one path's write past timeout= and
+                    delivering it after a newer write through the other: never read back
                     app-B: the application table (issue 15, bench/apptable.sh): redis-server
                     (no persistence) in a cgroup, loaded with --app-keys random values, then
                     memory.max at each of --app-levels % of its working set and redis-benchmark
@@ -263,7 +268,7 @@ if [ -n "$EXTRA_RUNS" ]; then
 fi
 RUNS=$(xargs <<< "$RUNS")   # trim
 has_pressure=0 has_cgroup=0 has_crypt=0 has_alloc=0 has_reconnect=0 has_soak=0 has_acct=0
-has_app=0 has_zram=0 has_disk=0
+has_app=0 has_zram=0 has_disk=0 has_fence=0
 run_transports=""
 for r in $RUNS; do
     t=$r
@@ -276,6 +281,7 @@ for r in $RUNS; do
         persist-rdma|persist-tcp) has_cgroup=1; run_transports+=" ${t#persist-}"; continue ;;
         reconnect-rdma|reconnect-tcp) has_cgroup=1; has_reconnect=1; run_transports+=" ${t#reconnect-}"; continue ;;
         soak-rdma|soak-tcp) has_soak=$((has_soak + 1)); run_transports+=" ${t#soak-}"; continue ;;
+        fence-rdma) has_fence=1; run_transports+=" rdma"; continue ;;
         app-rdma|app-tcp) has_app=1; run_transports+=" ${t#app-}"; continue ;;
         app-memory) has_app=1; continue ;;
         app-zram) has_app=1; has_zram=1; continue ;;
@@ -283,7 +289,7 @@ for r in $RUNS; do
     esac
     case "$t" in pressure-*) has_pressure=1; t=${t#pressure-} ;; *) has_cgroup=1 ;; esac
     case "$t" in crypt-*) has_crypt=1; t=${t#crypt-} ;; esac
-    case "$t" in rdma|tcp|memory) run_transports+=" $t" ;; *) die "unknown swap run '$r' (want [pressure-][crypt-]rdma|tcp|memory, repkill-, backupkill-, alloc-, acct-, reattach-, persist-, reconnect- or soak-rdma|tcp, or app-rdma|tcp|memory|zram|disk)" ;; esac
+    case "$t" in rdma|tcp|memory) run_transports+=" $t" ;; *) die "unknown swap run '$r' (want [pressure-][crypt-]rdma|tcp|memory, repkill-, backupkill-, alloc-, acct-, reattach-, persist-, reconnect- or soak-rdma|tcp, fence-rdma, or app-rdma|tcp|memory|zram|disk)" ;; esac
 done
 [ "$MODE" != twohost ] || has_cgroup=1
 case "$MODE" in kill|twohost) ;; *) [ -n "$RUNS" ] || die "no swap runs given" ;; esac
@@ -391,6 +397,7 @@ if [ "$has_soak" != 0 ]; then
     NFT=$(need_cmd nft nftables)
     CHRT=$(need_cmd chrt util-linux)
 fi
+[ "$has_fence" = 0 ] || [ -n "$TC" ] || TC=$(need_cmd tc iproute2)   # fence runs: tc's hold
 FIO=""
 [ "$has_acct" = 0 ] || FIO=$(need_cmd fio fio)
 REDIS_SERVER="" REDIS_CLI="" REDIS_BENCHMARK=""
@@ -415,6 +422,8 @@ B_SWAPLOAD=$RDMASWAP_BUILD/tests/vm/swapload
 B_MEMSCAN=$RDMASWAP_BUILD/tests/vm/memscan
 B_NBDDRIVE=$RDMASWAP_BUILD/tests/vm/nbddrive
 B_NBDPROBE=$RDMASWAP_BUILD/tests/vm/nbdprobe
+B_RDMAFENCE=$RDMASWAP_BUILD/tests/vm/rdmafence
+B_NBDHISTORY=$RDMASWAP_BUILD/tests/vm/nbdhistory
 B_ALLOC_COUNTER=$RDMASWAP_BUILD/tests/alloc/librdmaswap-alloc-counter.so
 B_MEMSERVER=$RDMASWAP_BUILD/memserver/rdmaswap-memserver
 B_PLUGIN=$RDMASWAP_BUILD/nbdkit-plugin/nbdkit-rdmaswap-plugin.so
@@ -448,6 +457,8 @@ missing=()
 [ "$need_swapload" = 0 ] || [ -x "$B_SWAPLOAD" ] || missing+=("$B_SWAPLOAD")
 [ "$need_memscan" = 0 ] || [ -x "$B_MEMSCAN" ] || missing+=("$B_MEMSCAN")
 [ "$has_soak" = 0 ] || [ -x "$B_NBDPROBE" ] || missing+=("$B_NBDPROBE")
+[ "$has_fence" = 0 ] || [ -x "$B_RDMAFENCE" ] || missing+=("$B_RDMAFENCE")
+[ "$has_soak" = 0 ] || [ -x "$B_NBDHISTORY" ] || missing+=("$B_NBDHISTORY")
 if [ "$has_alloc" = 1 ]; then
     [ -x "$B_NBDDRIVE" ] || missing+=("$B_NBDDRIVE")
     [ -f "$B_ALLOC_COUNTER" ] || missing+=("$B_ALLOC_COUNTER")
@@ -632,6 +643,8 @@ fi
 [ -x "$B_SWAPLOAD" ] && add_elf "$B_SWAPLOAD" /usr/local/bin/swapload
 [ -x "$B_MEMSCAN" ] && add_elf "$B_MEMSCAN" /usr/local/bin/memscan
 [ "$has_soak" = 0 ] || add_elf "$B_NBDPROBE" /usr/local/bin/nbdprobe
+[ "$has_fence" = 0 ] || add_elf "$B_RDMAFENCE" /usr/local/bin/rdmafence
+[ "$has_soak" = 0 ] || add_elf "$B_NBDHISTORY" /usr/local/bin/nbdhistory
 if [ "$has_alloc" = 1 ]; then
     add_elf "$B_NBDDRIVE" /usr/local/bin/nbddrive
     add_elf "$B_ALLOC_COUNTER" /usr/local/lib/librdmaswap-alloc-counter.so
@@ -667,6 +680,7 @@ mods="crc32_generic nbd veth ib_uverbs rdma_ucm rdma_rxe"
 [ "$MODE" != twohost ] || mods+=" virtio_pci virtio_net"
 [ "$has_crypt" = 0 ] || mods+=" dm-crypt xts"
 [ "$has_soak" = 0 ] || mods+=" bridge sch_netem nf_tables"
+[ "$has_fence" = 0 ] || mods+=" sch_prio sch_netem cls_u32"
 [ "$has_zram" = 0 ] || mods+=" zram"
 [ "$has_disk" = 0 ] || mods+=" virtio_pci virtio_blk"
 optmods=""
