@@ -13,10 +13,10 @@
 #include <cstdio>
 #include <cstring>
 #include <optional>
-#include <random>
 #include <stdexcept>
 
 #include "common/err_text.h"
+#include "common/guarded_main.h"
 #include "common/log.h"
 #include "common/private_file.h"
 
@@ -107,38 +107,9 @@ int open_file(const std::string &path)
 }
 } // namespace
 
-uint64_t next_run_id(const std::string &path, uint64_t &previous)
-{
-	previous = 0;
-	{
-		// (Not through a symbolic link, and a FIFO does not block the start.)
-		std::optional<std::string> text;
-		if (std::string err = read_small_file(path, 4096, text); !err.empty())
-			throw std::runtime_error("run file " + path + ": " + err);
-		if (text)
-			previous = std::strtoull(text->c_str(), nullptr, 16);
-	}
-	std::random_device rd;
-	uint64_t id = 0;
-	while (id == 0 || id == previous)
-		id = (uint64_t(rd()) << 32) ^ rd();
-	char text[32];
-	std::snprintf(text, sizeof text, "%016llx\n", static_cast<unsigned long long>(id));
-	const std::string tmp = path + ".new";
-	std::remove(tmp.c_str());
-	if (std::string err = write_private_file(tmp, text); !err.empty())
-		throw std::runtime_error("run file " + path + ": " + err);
-	if (std::rename(tmp.c_str(), path.c_str()) != 0) {
-		const int e = errno;
-		std::remove(tmp.c_str());
-		throw std::runtime_error("run file " + path + ": rename: " + err_text(e));
-	}
-	return id;
-}
-
 Backup::Backup(const BackupOptions &o)
 	: path_(o.path), volume_(o.volume), size_(o.size), slab_size_(o.slab_size),
-	  chunk_(o.chunk), run_id_(o.run_id)
+	  chunk_(o.chunk), run_id_(o.run_id), fault_(o.fault)
 {
 	if (size_ == 0 || slab_size_ == 0 || chunk_ == 0 || o.queues == 0)
 		throw error(path_, "bad parameters");
@@ -277,7 +248,7 @@ uint64_t Backup::untrusted_count() const
 	uint64_t n = 0;
 	for (uint64_t w = 0; w < (nslabs_ + 63) / 64; w++)
 		n += uint64_t(std::popcount(untrusted_[w].load()));
-	return n;
+	return std::min(n, nslabs_); // (a failed writer sets the bits past the last slab too)
 }
 
 void Backup::zero_now(uint64_t slab)
@@ -320,7 +291,31 @@ void Backup::begin(bool fresh)
 	if (ftruncate(fd_, off_t(data_off_ + size_)) != 0)
 		throw error(path_, "cannot size", errno);
 	write_header(false); // in use: a crash leaves it not clean
-	writer_ = std::thread([this] { writer_loop(); });
+	writer_ = std::thread([this] {
+		guarded_thread("backup", "the backup writer",
+			       "the backup file is no longer written nor trusted (a read that needs "
+			       "it fails with EIO; writes go on to the donors)",
+			       [this] { writer_loop(); },
+			       [this](const char *) {
+				       writer_failed();
+				       return AfterFailure::End;
+			       });
+	});
+}
+
+void Backup::writer_failed() noexcept
+{
+	// Every slab distrusted first: whoever sees failed_ finds none trusted.
+	for (uint64_t w = 0; w < (nslabs_ + 63) / 64; w++)
+		untrusted_[w].store(~uint64_t(0));
+	failed_.store(true, std::memory_order_release);
+	try {
+		{
+			std::lock_guard lock(mu_); // a waiter is either before its check or inside wait()
+		}
+		cv_.notify_all();
+	} catch (...) { // (std::system_error from the mutex: the waiters end at their deadline)
+	}
 }
 
 template <typename Done>
@@ -348,7 +343,9 @@ Backup::Entry *Backup::reserve(Queue &q, std::chrono::steady_clock::time_point u
 	const uint64_t h = q.head.load(std::memory_order_relaxed);
 	if (h - q.tail.load(std::memory_order_acquire) >= q.cap) {
 		full_waits_.fetch_add(1, std::memory_order_relaxed);
-		if (!wait([&] { return h - q.tail.load(std::memory_order_acquire) < q.cap; }, until))
+		if (!wait([&] { return broken() || h - q.tail.load(std::memory_order_acquire) < q.cap; },
+			  until) ||
+		    broken())
 			return nullptr;
 	}
 	return &q.ring[h % q.cap];
@@ -371,7 +368,11 @@ int Backup::put(unsigned qi, uint64_t offset, const std::byte *data, uint32_t le
 	Queue &q = *queues_[qi];
 	if (len > chunk_)
 		return EINVAL;
+	if (broken())
+		return 0; // the file is trusted for no slab any more: the write needs it no longer
 	Entry *e = reserve(q, until);
+	if (!e && broken())
+		return 0;
 	if (!e) {
 		logger("backup")->debug("backup: no room in the queue within the timeout");
 		return EIO;
@@ -389,7 +390,7 @@ int Backup::put(unsigned qi, uint64_t offset, const std::byte *data, uint32_t le
 
 int Backup::punch(uint64_t offset, uint64_t len, std::chrono::steady_clock::time_point until)
 {
-	if (!punch_mu_.try_lock_until(until))
+	if (broken() || !punch_mu_.try_lock_until(until))
 		return EIO;
 	std::unique_lock lock(punch_mu_, std::adopt_lock);
 	Queue &q = *queues_.back();
@@ -407,7 +408,10 @@ int Backup::read(std::byte *buf, uint32_t len, uint64_t offset,
 		 std::chrono::steady_clock::time_point until)
 {
 	const uint64_t target = seq_.load();
-	if (written_.load() < target && !wait([&] { return written_.load() >= target; }, until)) {
+	if (broken())
+		return EIO;
+	if (written_.load() < target &&
+	    (!wait([&] { return broken() || written_.load() >= target; }, until) || broken())) {
 		logger("backup")->debug("backup: a read waited for the queue beyond the timeout");
 		return EIO;
 	}
@@ -465,6 +469,8 @@ void Backup::writer_loop()
 		if (found) {
 			const uint64_t t = found->tail.load(std::memory_order_relaxed);
 			const Entry &e = found->ring[t % found->cap];
+			if (fault_)
+				fault_();
 			apply(*found, e);
 			if (e.kind != Kind::Hole)
 				queued_bytes_.fetch_sub(e.len, std::memory_order_relaxed);

@@ -29,6 +29,11 @@
 //   trimmed whole (punch) is trusted again.
 // - The destructor writes out everything queued, then marks the file clean if every slab is
 //   trusted, with the slabs that hold data (`live`, set by the owner before).
+// - The writer thread is an exception boundary (guarded_thread, common/guarded_main.h): if it
+//   throws, the backup is failed for the rest of the run: every slab is distrusted (a read
+//   that needs the file, or a repair from it, fails: EIO), nothing more is queued (put() and
+//   punch() return at once: the writes go on to the donors, which do not need the file), a
+//   waiting put() or read() is woken, and the file is not marked clean at the end.
 #pragma once
 
 #include <atomic>
@@ -36,6 +41,7 @@
 #include <condition_variable>
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -54,18 +60,15 @@ struct BackupOptions {
 	size_t chunk = 256 * 1024; // largest put()
 	unsigned queues = 1;       // put() queues (one per I/O channel)
 	size_t queue_bytes = 32 << 20; // slots for all queues together (at least 2 per queue)
-	// This run's id and the previous run's (the plugin's run file): the file is trusted
-	// after a restart only if the run that closed it cleanly is the previous run (a run
-	// without backup= in between would have changed the volume behind the file's back).
+	// This run's id and the previous run's (the plugin's run file, common/state_files.h):
+	// the file is trusted after a restart only if the run that closed it cleanly is the
+	// previous run (a run without backup= in between would have changed the volume behind
+	// the file's back).
 	uint64_t run_id = 0, previous_run_id = 0;
+	// Test only: called by the writer thread before it applies each entry; what it throws
+	// fails the backup like any exception of the writer (see the contracts above).
+	std::function<void()> fault;
 };
-
-// The plugin's run ids: reads the previous run's id from `path` (0 if there is none), writes
-// a new random one there (mode 0600, replaced atomically) and returns it. Called at every
-// start, with or without backup=, so that a backup file closed cleanly is trusted only by
-// the run right after the one that closed it. The old id is read without following a
-// symbolic link or blocking on a FIFO (either is an error). Throws std::runtime_error.
-uint64_t next_run_id(const std::string &path, uint64_t &previous);
 
 class Backup {
 public:
@@ -112,6 +115,8 @@ public:
 
 	const std::string &path() const { return path_; }
 	uint64_t untrusted_count() const;
+	// The writer thread failed (see the contracts above).
+	bool broken() const { return failed_.load(std::memory_order_acquire); }
 	uint64_t write_errors() const { return write_errors_.load(); }
 	uint64_t full_waits() const { return full_waits_.load(); }
 	uint64_t queued_bytes() const { return queued_bytes_.load(); }
@@ -135,6 +140,9 @@ private:
 	Entry *reserve(Queue &q, std::chrono::steady_clock::time_point until);
 	void publish(Queue &q, Entry &e);
 	void writer_loop();
+	// The writer's boundary gave up on it: distrust every slab, then fail (failed_), wake
+	// every waiter.
+	void writer_failed() noexcept;
 	void apply(const Queue &q, const Entry &e);
 	void begin(bool fresh);
 	void zero_now(uint64_t slab);
@@ -164,6 +172,8 @@ private:
 	std::atomic<uint64_t> published_{0};         // bumped at each publish (writer wakes)
 	std::atomic<bool> writer_sleeping_{false};
 	std::atomic<bool> stop_{false};
+	std::atomic<bool> failed_{false}; // the writer thread failed: nothing more is written
+	std::function<void()> fault_;      // BackupOptions::fault
 	std::mutex mu_; // waiters for room or for written_
 	std::condition_variable cv_;
 	std::atomic<unsigned> waiters_{0};

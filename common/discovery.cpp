@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <limits>
+#include <set>
 #include <stdexcept>
 
 #include <fmt/format.h>
@@ -81,6 +82,56 @@ std::string donors_prefix(std::string_view prefix)
 	return std::string(prefix) + "donors/";
 }
 
+void Ignored::note(std::string_view key, std::string_view why)
+{
+	if (examples.size() < kExamples)
+		examples.push_back(printable(key.substr(0, 200)) + ": " + std::string(why));
+}
+
+std::string Ignored::summary() const
+{
+	if (total() == 0)
+		return {};
+	std::string parts;
+	auto part = [&](uint64_t n, const std::string &what) {
+		if (n)
+			parts += (parts.empty() ? "" : ", ") + fmt::format("{} {}", n, what);
+	};
+	part(invalid, "malformed");
+	part(too_large, fmt::format("larger than {} bytes", kMaxValue));
+	part(beyond, fmt::format("beyond the first {} donors", kMaxListed));
+	std::string out = fmt::format("{} {} ignored ({})", total(), total() == 1 ? "entry" : "entries",
+				      parts);
+	for (size_t i = 0; i < examples.size(); i++)
+		out += (i ? "; " : ", e.g. ") + examples[i];
+	return out;
+}
+
+std::optional<Donor> check_donor(std::string_view prefix, std::string_view key,
+				 std::string_view value, Ignored &ignored)
+{
+	if (value.size() > kMaxValue) {
+		ignored.too_large++;
+		ignored.note(key, fmt::format("a value of {} bytes", value.size()));
+		return std::nullopt;
+	}
+	std::string why;
+	auto d = parse_donor(prefix, key, value, why);
+	if (!d) {
+		ignored.invalid++;
+		ignored.note(key, why);
+	}
+	return d;
+}
+
+std::optional<Endpoint> donor_key_addr(std::string_view prefix, std::string_view key)
+{
+	const std::string dir = donors_prefix(prefix);
+	if (key.size() <= dir.size() || key.substr(0, dir.size()) != dir)
+		return std::nullopt;
+	return parse_addr(key.substr(dir.size()));
+}
+
 std::optional<Donor> parse_donor(std::string_view prefix, std::string_view key,
 				 std::string_view value, std::string &why)
 {
@@ -148,13 +199,12 @@ std::optional<Donor> parse_donor(std::string_view prefix, std::string_view key,
 std::vector<Endpoint> merge(std::span<const Endpoint> servers, std::span<const Endpoint> donors)
 {
 	std::vector<Endpoint> out(servers.begin(), servers.end());
-	for (const auto &d : donors) {
-		const bool named = std::any_of(out.begin(), out.end(), [&](const Endpoint &e) {
-			return e.host == d.host && e.port == d.port;
-		});
-		if (!named)
+	std::set<std::pair<std::string_view, uint16_t>> named; // (views into `servers`, `donors`)
+	for (const auto &e : servers)
+		named.emplace(e.host, e.port);
+	for (const auto &d : donors)
+		if (named.emplace(d.host, d.port).second)
 			out.push_back(d);
-	}
 	return out;
 }
 
@@ -296,20 +346,70 @@ std::optional<Listing> list_donors(const ListOptions &opts, std::string &why)
 	try {
 		etcd::Client client(client_options(opts));
 		const std::string dir = donors_prefix(opts.prefix);
-		auto r = client.get_prefix(dir, deadline);
-		if (!r) {
-			why = r.error;
-			return std::nullopt;
-		}
 		Listing out;
-		for (const auto &kv : *r.value) {
-			std::string bad;
-			if (auto d = parse_donor(opts.prefix, kv.key, kv.value, bad))
-				out.donors.push_back(std::move(*d));
-			else
-				out.skipped.push_back(printable(kv.key) + ": " + bad);
+		std::string from; // the next page's first key ("": the prefix's first)
+		int64_t limit = kPageKeys;
+		size_t scanned = 0;
+		bool restarted = false;
+		for (;;) {
+			auto r = client.get_prefix_page(dir, from, limit, out.revision, false, kPageBytes,
+							deadline);
+			if (!r && r.code == etcd::kTooLarge && limit > 1) {
+				limit = std::max<int64_t>(1, limit / 4); // fewer keys: a smaller page
+				continue;
+			}
+			if (!r && r.code == etcd::kTooLarge) {
+				// One entry alone is larger than a page: learn its key, and skip it.
+				auto k = client.get_prefix_page(dir, from, 1, out.revision, true, kPageBytes,
+								deadline);
+				if (!k || k.value->kvs.empty()) {
+					why = k ? "an entry larger than a page, whose key cannot be read"
+						: k.error;
+					return std::nullopt;
+				}
+				const std::string &key = k.value->kvs[0].key;
+				out.ignored.too_large++;
+				out.ignored.note(key, fmt::format("an entry of more than {} bytes", kPageBytes));
+				from = key + '\0';
+				scanned++;
+				continue;
+			}
+			if (!r && r.code == etcd::kOutOfRange && out.revision != 0 && !restarted) {
+				// Compacted away between two pages: once more from the start, now.
+				out = Listing{};
+				from.clear();
+				scanned = 0;
+				restarted = true;
+				continue;
+			}
+			if (!r) {
+				why = r.error;
+				return std::nullopt;
+			}
+			const etcd::RangePage &page = *r.value;
+			if (out.revision == 0)
+				out.revision = page.revision;
+			for (const auto &kv : page.kvs) {
+				scanned++;
+				auto d = check_donor(opts.prefix, kv.key, kv.value, out.ignored);
+				if (!d)
+					continue;
+				if (out.donors.size() < kMaxListed)
+					out.donors.push_back(std::move(*d));
+				else
+					out.ignored.beyond++;
+			}
+			if (!page.more || page.kvs.empty())
+				return out;
+			if (scanned >= kMaxScanned) {
+				// (count: the keys from this page's first on)
+				out.ignored.beyond += uint64_t(
+					std::max<int64_t>(0, page.count - int64_t(page.kvs.size())));
+				return out;
+			}
+			from = page.kvs.back().key + '\0';
+			limit = std::min<int64_t>(kPageKeys, limit * 2);
 		}
-		return out;
 	} catch (const std::exception &e) {
 		why = e.what();
 		return std::nullopt;
@@ -323,11 +423,14 @@ std::optional<Discovered> discover(const DiscoverOptions &opts, std::string &err
 	Discovered out;
 	std::string why;
 	if (auto listing = list_donors(opts.list, why)) {
-		for (const auto &s : listing->skipped)
-			log->warn("etcd: skipped the donor entry {}", s);
+		if (listing->ignored.total())
+			log->warn("etcd: {}: {}", where, listing->ignored.summary());
+		out.donors.reserve(listing->donors.size());
 		for (const auto &d : listing->donors)
 			out.donors.push_back(d.addr);
-		out.registered = listing->donors;
+		out.registered = std::move(listing->donors);
+		out.ignored = std::move(listing->ignored);
+		out.revision = listing->revision;
 		log->info("etcd gave {} donor(s) under {}", out.donors.size(), where);
 		if (out.donors.empty()) {
 			log->warn("etcd lists no donors under {}", where);

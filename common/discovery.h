@@ -22,9 +22,10 @@ inline constexpr std::string_view kDefaultPrefix = "/rdmaswap/";
 
 // One registered donor: the key `<prefix>donors/<addr>` and its JSON value
 // {"addr","boot_id","transport","slab_size","slabs_total","slabs_free","sessions","auth"}
-// ("sessions" is optional: memservers before it do not publish it). Only `addr` is used now;
-// the rest are hints (etcd is discovery only: a donor still proves itself with the cluster key
-// when the plugin connects).
+// ("sessions" is optional: memservers before it do not publish it). `addr` says whom to ask;
+// the rest are hints, which decide nothing alone (etcd is discovery only: a donor proves itself
+// with the cluster key when the plugin probes or connects it, and a new `boot_id` is only a
+// reason to ask it: Membership).
 struct Donor {
 	Endpoint addr;
 	uint64_t boot_id = 0;
@@ -37,6 +38,42 @@ struct Donor {
 
 // The key prefix under which donors register: `prefix` + "donors/".
 std::string donors_prefix(std::string_view prefix);
+
+// ---- Bounds (issue 26): what anyone who can write to etcd can make a plugin spend ----
+
+// A registration's value at most (what a memserver writes is about 200 bytes): a larger one is
+// ignored without being parsed.
+inline constexpr size_t kMaxValue = 4096;
+// Donors a listing keeps (the first by key; Membership's table holds as many), and keys it
+// reads at most (valid or not).
+inline constexpr size_t kMaxListed = 8192;
+inline constexpr size_t kMaxScanned = 4 * kMaxListed;
+// A listing reads the prefix in pages of at most kPageKeys keys and kPageBytes bytes of reply
+// (fewer keys when a page would be larger); a watch message larger than kPageBytes ends the
+// watch (Membership lists again).
+inline constexpr int64_t kPageKeys = 256;
+inline constexpr size_t kPageBytes = size_t(1) << 20;
+
+// Entries ignored, by reason, with a few examples for the log.
+struct Ignored {
+	uint64_t invalid = 0;   // not a registration (parse_donor refuses it)
+	uint64_t too_large = 0; // a value over kMaxValue (or a key and value over kPageBytes)
+	uint64_t beyond = 0;    // valid, beyond kMaxListed (or beyond kMaxScanned keys read)
+	static constexpr size_t kExamples = 3;
+	std::vector<std::string> examples; // "<key>: <why>", the first kExamples
+	uint64_t total() const { return invalid + too_large + beyond; }
+	void note(std::string_view key, std::string_view why);
+	// "3 entries ignored (1 malformed, 1 larger than 4096 bytes, 1 beyond the first 8192
+	// donors), e.g. KEY: WHY; ..." ("1 entry ignored (...)"; empty when none).
+	std::string summary() const;
+};
+
+// The donor of the entry `key` = `value` (listed or watched) or nullopt, counted in `ignored`:
+// too_large when `value` is over kMaxValue (not parsed), invalid when parse_donor refuses it.
+std::optional<Donor> check_donor(std::string_view prefix, std::string_view key,
+				 std::string_view value, Ignored &ignored);
+// The address a donor key names (`donors_prefix(prefix)` + HOST:PORT), or nullopt.
+std::optional<Endpoint> donor_key_addr(std::string_view prefix, std::string_view key);
 
 // Parse the entry `key` = `value` listed under donors_prefix(`prefix`). nullopt, with `why`
 // set, if the value is not a JSON object with every field above (but "sessions", which may be
@@ -130,14 +167,21 @@ struct ListOptions {
 etcd::ClientOptions client_options(const ListOptions &opts);
 
 struct Listing {
-	std::vector<Donor> donors; // the valid entries, in key order
-	// One line per skipped entry: "<key>: <why>" (the caller logs them as warnings).
-	std::vector<std::string> skipped;
+	std::vector<Donor> donors; // the valid entries, in key order, at most kMaxListed
+	Ignored ignored;           // the entries left out (the caller logs ignored.summary())
+	int64_t revision = 0;      // the store's revision the listing shows (a watch goes on
+				   // from the next)
 };
 
-// List donors_prefix(prefix) in etcd. nullopt, with `why` set, if no endpoint answered within
-// the bound (or etcd answered with an error). Never throws (a libcurl that cannot be
-// initialised is a failure like any other).
+// List donors_prefix(prefix) in etcd: in pages (kPageKeys keys, fewer when a page's reply
+// would exceed kPageBytes; a key whose entry alone exceeds it is skipped: too_large) that make
+// one snapshot (the first page's revision; listed again from the start, within the bound, if
+// it is compacted away meanwhile), each entry through check_donor, at most kMaxListed donors
+// and kMaxScanned keys (the rest counted as beyond). So a listing reads at most about
+// kMaxScanned entries and holds at most one page of reply, whatever etcd holds. nullopt, with
+// `why` set, if no endpoint answered within the bound (or etcd answered with an error). Never
+// throws but std::bad_alloc (a libcurl that cannot be initialised is a failure like any
+// other).
 std::optional<Listing> list_donors(const ListOptions &opts, std::string &why);
 
 // ---- Discovery at start: the listing, the cache, server= ----
@@ -154,12 +198,14 @@ struct Discovered {
 	std::vector<Endpoint> donors; // what etcd (or the cache) gave
 	std::vector<Endpoint> servers;
 	std::vector<Donor> registered; // etcd's entries with their hints (Source::Etcd only)
+	Ignored ignored;               // the entries the listing left out (Source::Etcd only)
+	int64_t revision = 0;          // the listing's revision (Source::Etcd only)
 };
 
 // The servers of a plugin started with etcd=, logged through logger("discovery"):
-// - etcd answers: its valid donors (a warning for each skipped entry, an info line with how
-//   many), written to the cache when there is at least one (a cache that cannot be written is
-//   a warning: the listing stands); none is a warning.
+// - etcd answers: its valid donors (one warning for all the entries ignored, an info line
+//   with how many), written to the cache when there is at least one (a cache that cannot be
+//   written is a warning: the listing stands); none is a warning.
 // - etcd does not answer within opts.list.timeout (every member down, or no quorum): the
 //   donors of the cache, with a warning saying so; with no usable cache (missing, damaged,
 //   another prefix) the server= entries alone, with a warning.

@@ -23,8 +23,6 @@ constexpr char kAlphabet[] = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwx
 // gRPC codes after which another member may do better: Unavailable (no leader, a timeout inside
 // etcd, a member stopping) and DeadlineExceeded.
 constexpr int kUnavailable = 14, kDeadlineExceeded = 4;
-// A reply larger than this is refused (a range over thousands of donors is well below it).
-constexpr size_t kMaxReply = size_t(64) << 20;
 
 int decode_char(char c)
 {
@@ -251,6 +249,21 @@ std::string range_body(std::string_view key, std::string_view range_end)
 	return j.dump();
 }
 
+std::string range_page_body(std::string_view key, std::string_view range_end, int64_t limit,
+			    int64_t revision, bool keys_only)
+{
+	json j{{"key", base64_encode(key)}};
+	if (!range_end.empty())
+		j["range_end"] = base64_encode(range_end);
+	if (limit > 0)
+		j["limit"] = limit;
+	if (revision > 0)
+		j["revision"] = revision;
+	if (keys_only)
+		j["keys_only"] = true;
+	return j.dump();
+}
+
 Result<Lease> parse_lease_grant(std::string_view text)
 {
 	return parse_with<Lease>(text, [](const json &j) {
@@ -282,6 +295,30 @@ Result<std::vector<KeyValue>> parse_range(std::string_view text)
 			throw std::invalid_argument("kvs is not an array");
 		for (const json &kv : *kvs)
 			out.push_back(kv_from(kv));
+		return out;
+	});
+}
+
+Result<RangePage> parse_range_page(std::string_view text)
+{
+	return parse_with<RangePage>(text, [](const json &j) {
+		RangePage out;
+		if (auto h = j.find("header"); h != j.end() && h->is_object())
+			out.revision = int_field(*h, "revision");
+		if (auto m = j.find("more"); m != j.end() && !m->is_null()) {
+			if (!m->is_boolean())
+				throw std::invalid_argument("more is not a boolean");
+			out.more = m->get<bool>();
+		}
+		out.count = int_field(j, "count");
+		auto kvs = j.find("kvs");
+		if (kvs != j.end() && !kvs->is_null()) {
+			if (!kvs->is_array())
+				throw std::invalid_argument("kvs is not an array");
+			out.kvs.reserve(kvs->size());
+			for (const json &kv : *kvs)
+				out.kvs.push_back(kv_from(kv));
+		}
 		return out;
 	});
 }
@@ -347,6 +384,7 @@ struct Client::Curl {
 	CURLM *multi = nullptr; // runs `h`, so that interrupt() can wake the wait
 	curl_slist *headers = nullptr;
 	std::string reply;
+	size_t max_reply = Client::kMaxMessage; // for the transfer in progress
 	bool too_big = false;
 	~Curl()
 	{
@@ -389,7 +427,7 @@ struct Client::Curl {
 	static size_t write(char *p, size_t size, size_t n, void *self)
 	{
 		auto *c = static_cast<Curl *>(self);
-		if (c->reply.size() + size * n > kMaxReply) {
+		if (c->reply.size() + size * n > c->max_reply) {
 			c->too_big = true;
 			return 0; // curl fails the transfer
 		}
@@ -437,7 +475,8 @@ void Client::clear_interrupt()
 	interrupted_.store(false);
 }
 
-Result<std::string> Client::post(const char *path, const std::string &body, Deadline deadline)
+Result<std::string> Client::post(const char *path, const std::string &body, Deadline deadline,
+				 size_t max_reply)
 {
 	using namespace std::chrono;
 	const size_t n = opts_.endpoints.size();
@@ -456,6 +495,8 @@ Result<std::string> Client::post(const char *path, const std::string &body, Dead
 		}
 		CURL *h = curl_->h;
 		curl_->reply.clear();
+		curl_->reply.shrink_to_fit(); // (a large reply's buffer is not kept for the next)
+		curl_->max_reply = max_reply;
 		curl_->too_big = false;
 		curl_easy_setopt(h, CURLOPT_URL, url.c_str());
 		curl_easy_setopt(h, CURLOPT_POSTFIELDS, body.c_str());
@@ -467,10 +508,16 @@ Result<std::string> Client::post(const char *path, const std::string &body, Dead
 		const CURLcode rc = curl_->perform(interrupted_);
 		if (rc == CURLE_ABORTED_BY_CALLBACK)
 			return Result<std::string>::fail("etcd: interrupted");
+		if (curl_->too_big) { // (another member would send as much)
+			curl_->reply.clear();
+			curl_->reply.shrink_to_fit();
+			current_ = i;
+			return Result<std::string>::fail("etcd " + url + ": reply larger than " +
+								 std::to_string(max_reply) + " bytes",
+							 kTooLarge);
+		}
 		if (rc != CURLE_OK) {
-			last = "etcd " + url + ": " +
-			       (curl_->too_big ? std::string("reply too large")
-					       : std::string(curl_easy_strerror(rc)));
+			last = "etcd " + url + ": " + curl_easy_strerror(rc);
 			continue;
 		}
 		long status = 0;
@@ -501,7 +548,9 @@ namespace {
 // The receiving side of one watch stream: splits it into lines, parses and hands them on.
 struct WatchStream {
 	const std::function<bool(const WatchMessage &)> *on_message;
+	size_t max_message;
 	std::string buf;
+	bool too_big = false; // a message over max_message: the stream was cut
 	bool got = false;  // a message was parsed: the stream is open
 	bool ended = false; // on_message or etcd ended it
 	std::string error;
@@ -527,6 +576,8 @@ struct WatchStream {
 	static size_t write(char *p, size_t size, size_t n, void *self)
 	{
 		auto *w = static_cast<WatchStream *>(self);
+		// (What stays buffered below is the start of one message, within max_message: the
+		// buffer never holds more than that and one chunk of libcurl's, 16 KiB.)
 		w->buf.append(p, size * n);
 		size_t nl;
 		while ((nl = w->buf.find('\n')) != std::string::npos) {
@@ -535,8 +586,13 @@ struct WatchStream {
 			if (!go)
 				return 0;
 		}
-		if (w->buf.size() > kMaxReply) {
-			w->error = "etcd: watch message too large";
+		if (w->buf.size() > w->max_message) {
+			w->error = "etcd: a watch message larger than " +
+				   std::to_string(w->max_message) + " bytes";
+			w->code = kTooLarge;
+			w->too_big = true;
+			w->buf.clear();
+			w->buf.shrink_to_fit();
 			return 0;
 		}
 		return size * n;
@@ -590,6 +646,22 @@ Result<std::vector<KeyValue>> Client::get_prefix(std::string_view prefix, Deadli
 		parse_range);
 }
 
+Result<RangePage> Client::get_prefix_page(std::string_view prefix, std::string_view from,
+					  int64_t limit, int64_t revision, bool keys_only,
+					  size_t max_reply, Deadline deadline)
+{
+	std::string key = from.empty() ? std::string(prefix) : std::string(from);
+	if (key.empty())
+		key = std::string(1, '\0');
+	auto reply = post("/v3/kv/range",
+			  range_page_body(key, prefix_range_end(prefix), std::max<int64_t>(1, limit),
+					  revision, keys_only),
+			  deadline, max_reply);
+	if (!reply)
+		return Result<RangePage>::fail(std::move(reply.error), reply.code);
+	return parse_range_page(*reply.value);
+}
+
 Result<int64_t> Client::del(std::string_view key, Deadline deadline)
 {
 	return call<int64_t>(post("/v3/kv/deleterange", range_body(key, {}), deadline),
@@ -602,7 +674,7 @@ namespace rdmaswap::etcd {
 
 Result<Ok> Client::watch_prefix(std::string_view prefix, int64_t start_revision,
 				const std::function<bool(const WatchMessage &)> &on_message,
-				Deadline deadline)
+				Deadline deadline, size_t max_message)
 {
 	using namespace std::chrono;
 	const std::string key = prefix.empty() ? std::string(1, '\0') : std::string(prefix);
@@ -618,7 +690,7 @@ Result<Ok> Client::watch_prefix(std::string_view prefix, int64_t start_revision,
 			return Result<Ok>::fail(last + "; deadline passed");
 		const size_t i = (current_ + k) % n;
 		const std::string url = opts_.endpoints[i] + "/v3/watch";
-		WatchStream w{&on_message};
+		WatchStream w{&on_message, max_message};
 		curl_easy_setopt(h, CURLOPT_URL, url.c_str());
 		curl_easy_setopt(h, CURLOPT_POSTFIELDS, body.c_str());
 		curl_easy_setopt(h, CURLOPT_POSTFIELDSIZE, long(body.size()));
@@ -632,6 +704,10 @@ Result<Ok> Client::watch_prefix(std::string_view prefix, int64_t start_revision,
 		curl_easy_setopt(h, CURLOPT_WRITEDATA, curl_.get());
 		if (rc == CURLE_ABORTED_BY_CALLBACK)
 			return Result<Ok>::fail("etcd: interrupted");
+		if (w.too_big) {
+			current_ = i;
+			return Result<Ok>::fail("etcd " + url + ": " + w.error, kTooLarge);
+		}
 		if (w.ended || (w.got && rc == CURLE_OPERATION_TIMEDOUT)) {
 			current_ = i;
 			return Result<Ok>{Ok{}, {}, 0};

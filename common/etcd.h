@@ -44,7 +44,8 @@ struct KeyValue {
 
 // What a call returns: a value, or why not. `code` is the gRPC status the gateway reported
 // (5 NotFound, 14 Unavailable, ...; 0 when the failure was not an answer of etcd: a transport
-// error, a timeout, a malformed reply).
+// error, a timeout, a malformed reply; kTooLarge when the reply or a watch message was larger
+// than the caller allows).
 template <class T> struct Result {
 	std::optional<T> value;
 	std::string error;
@@ -54,6 +55,11 @@ template <class T> struct Result {
 };
 struct Ok {};
 constexpr int kNotFound = 5; // gRPC NOT_FOUND: e.g. "requested lease not found"
+// gRPC RESOURCE_EXHAUSTED, also set by this client (not etcd) for a reply or a watch message
+// over its bound: nothing of it was used.
+constexpr int kTooLarge = 8;
+// gRPC OUT_OF_RANGE: e.g. a range at a revision that was compacted away.
+constexpr int kOutOfRange = 11;
 
 // Request bodies (JSON text) of the gateway's calls. int64 ids are written as numbers.
 std::string lease_grant_body(int64_t ttl_s);
@@ -61,6 +67,10 @@ std::string lease_id_body(int64_t id); // keepalive, revoke
 std::string put_body(std::string_view key, std::string_view value, int64_t lease);
 // An empty `range_end`: the one key; otherwise [key, range_end).
 std::string range_body(std::string_view key, std::string_view range_end);
+// A page of [key, range_end): at most `limit` keys (0: no limit), in key order, as the store
+// was at `revision` (0: now), the keys alone with `keys_only`.
+std::string range_page_body(std::string_view key, std::string_view range_end, int64_t limit,
+			    int64_t revision, bool keys_only);
 
 // Reply parsers. Each accepts the gateway's JSON (int64 fields come as strings, absent fields
 // mean 0) and turns an {"error":..., "code":...} reply into a failed Result with that code.
@@ -72,6 +82,15 @@ Result<Lease> parse_lease_grant(std::string_view json);
 // The keepalive stream's reply ({"result": {...}}) or a plain one.
 Result<Lease> parse_lease_keepalive(std::string_view json);
 Result<std::vector<KeyValue>> parse_range(std::string_view json);
+// A page of a range (range_page_body): its keys, whether more follow, how many keys the whole
+// range holds, and the store's revision the page was read at (the header's).
+struct RangePage {
+	std::vector<KeyValue> kvs;
+	bool more = false;
+	int64_t count = 0;
+	int64_t revision = 0;
+};
+Result<RangePage> parse_range_page(std::string_view json);
 // Delete: how many keys were deleted.
 Result<int64_t> parse_deleterange(std::string_view json);
 // put, revoke: only an error matters.
@@ -136,6 +155,14 @@ public:
 	// Every key starting with `prefix`, in key order.
 	Result<std::vector<KeyValue>> get_prefix(std::string_view prefix,
 						 Deadline deadline = kNoDeadline);
+	// One page of the keys starting with `prefix`, from key `from` on (empty: the first),
+	// at most `limit` of them (>= 1), as the store was at `revision` (0: now; a later page
+	// passes the first page's, so that the pages make one snapshot: kOutOfRange once it is
+	// compacted away), the keys alone with `keys_only`. A reply over `max_reply` bytes fails
+	// with code kTooLarge (read no further than that: the caller asks for fewer keys).
+	Result<RangePage> get_prefix_page(std::string_view prefix, std::string_view from,
+					  int64_t limit, int64_t revision, bool keys_only,
+					  size_t max_reply, Deadline deadline = kNoDeadline);
 	// How many keys were deleted (0 or 1).
 	Result<int64_t> del(std::string_view key, Deadline deadline = kNoDeadline);
 	// Watch every key starting with `prefix` from `start_revision` (0: from now), calling
@@ -145,10 +172,15 @@ public:
 	// message is passed on first), interrupt(), or the stream breaks. Ok at the deadline or
 	// when `on_message` or etcd ended it; a failure when no endpoint would open the watch or
 	// the stream broke or carried a malformed message. Endpoints are tried as for the other
-	// calls until one opens the stream.
+	// calls until one opens the stream. A message larger than `max_message` bytes ends the
+	// watch with code kTooLarge (nothing of it is passed on: the caller lost its events and
+	// reads the keys again); the bytes buffered stay within that bound.
 	Result<Ok> watch_prefix(std::string_view prefix, int64_t start_revision,
 				const std::function<bool(const WatchMessage &)> &on_message,
-				Deadline deadline);
+				Deadline deadline, size_t max_message = kMaxMessage);
+
+	// The largest reply (and watch message) a call reads unless it says otherwise.
+	static constexpr size_t kMaxMessage = size_t(64) << 20;
 
 	const std::vector<std::string> &endpoints() const { return opts_.endpoints; }
 
@@ -159,8 +191,10 @@ public:
 
 private:
 	// POST `body` to `path` ("/v3/kv/put"), endpoint after endpoint until one answers. The
-	// reply body (any HTTP status) or a failed Result.
-	Result<std::string> post(const char *path, const std::string &body, Deadline deadline);
+	// reply body (any HTTP status) or a failed Result; a reply over `max_reply` bytes fails
+	// with code kTooLarge at once (another member would send as much).
+	Result<std::string> post(const char *path, const std::string &body, Deadline deadline,
+				 size_t max_reply = kMaxMessage);
 	struct Curl;
 	ClientOptions opts_;
 	std::unique_ptr<Curl> curl_;

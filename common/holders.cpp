@@ -9,6 +9,7 @@
 #include <utility>
 
 #include <fmt/format.h>
+#include <nlohmann/json.hpp>
 
 #include "common/etcd.h"
 
@@ -33,16 +34,38 @@ std::vector<Endpoint> canonical(std::span<const Endpoint> donors)
 	return out;
 }
 
+constexpr const char *kUnreachable = "unreachable_since";
+constexpr int64_t kMaxTime = int64_t(1) << 62;
+
+bool named(std::span<const Endpoint> donors, const std::string &name)
+{
+	return std::any_of(donors.begin(), donors.end(),
+			   [&](const Endpoint &d) { return d.str() == name; });
+}
+
 } // namespace
 
-std::string record_text(std::string_view volume, std::span<const Endpoint> donors)
+std::string record_text(std::string_view volume, std::span<const Endpoint> donors,
+			const Unreachable &unreachable)
 {
-	return discovery::donor_document_text("volume", volume, canonical(donors));
+	const std::vector<Endpoint> sorted = canonical(donors);
+	std::string text = discovery::donor_document_text("volume", volume, sorted);
+	nlohmann::json since = nlohmann::json::object();
+	for (const auto &[name, t] : unreachable)
+		if (named(sorted, name))
+			since[name] = std::clamp<int64_t>(t, 0, kMaxTime);
+	if (since.empty())
+		return text; // the format before the field existed
+	nlohmann::json o = nlohmann::json::parse(text);
+	o[kUnreachable] = std::move(since);
+	return o.dump() + "\n";
 }
 
 std::optional<std::vector<Endpoint>> parse_record(std::string_view text, std::string_view volume,
-						  std::string &why)
+						  std::string &why, Unreachable *unreachable)
 {
+	if (unreachable)
+		unreachable->clear();
 	std::string v;
 	auto donors = discovery::parse_donor_document(text, "volume", v, why);
 	if (!donors)
@@ -51,20 +74,69 @@ std::optional<std::vector<Endpoint>> parse_record(std::string_view text, std::st
 		why = fmt::format("the record of volume {}, not {}", v, volume);
 		return std::nullopt;
 	}
-	return canonical(*donors);
+	std::vector<Endpoint> sorted = canonical(*donors);
+	// (parse_donor_document read it as a JSON object already.)
+	const nlohmann::json o = nlohmann::json::parse(text, nullptr, false);
+	if (const auto it = o.find(kUnreachable); it != o.end()) {
+		if (!it->is_object()) {
+			why = fmt::format("\"{}\" is not an object", kUnreachable);
+			return std::nullopt;
+		}
+		for (const auto &[name, t] : it->items()) {
+			if (!t.is_number_unsigned() || t.get<uint64_t>() > uint64_t(kMaxTime)) {
+				why = fmt::format("\"{}\" of {} is not an integer 0..2^62", kUnreachable,
+						  name);
+				return std::nullopt;
+			}
+			if (unreachable && named(sorted, name))
+				(*unreachable)[name] = int64_t(t.get<uint64_t>());
+		}
+	}
+	return sorted;
+}
+
+AgedRecord age_record(std::span<const Endpoint> recorded, std::span<const Endpoint> reached,
+		      const Unreachable &unreachable, int64_t now, unsigned lease,
+		      size_t max_unreachable)
+{
+	std::vector<Endpoint> all(recorded.begin(), recorded.end());
+	all.insert(all.end(), reached.begin(), reached.end());
+	AgedRecord out;
+	size_t kept_unreachable = 0;
+	for (auto &ep : canonical(all)) { // (by name: the cap keeps the first)
+		if (std::find(reached.begin(), reached.end(), ep) != reached.end()) {
+			out.donors.push_back(std::move(ep));
+			continue;
+		}
+		const std::string name = ep.str();
+		const auto it = unreachable.find(name);
+		const int64_t since = it != unreachable.end() ? std::min(it->second, now) : now;
+		if (lease == 0 || now - since > int64_t(lease)) {
+			out.dropped_lease++;
+			continue;
+		}
+		if (++kept_unreachable > max_unreachable) {
+			out.dropped_cap++;
+			continue;
+		}
+		out.unreachable[name] = since;
+		out.donors.push_back(std::move(ep));
+	}
+	return out;
 }
 
 void write_file(const std::string &path, std::string_view volume,
-		std::span<const Endpoint> donors)
+		std::span<const Endpoint> donors, const Unreachable &unreachable)
 {
-	discovery::write_donor_file(path, "holders record", record_text(volume, donors));
+	discovery::write_donor_file(path, "holders record", record_text(volume, donors, unreachable));
 }
 
-std::optional<std::vector<Endpoint>> read_file(const std::string &path, std::string_view volume)
+std::optional<std::vector<Endpoint>> read_file(const std::string &path, std::string_view volume,
+					       Unreachable *unreachable)
 {
 	return discovery::read_donor_file(path, "holders record",
 					  [&](std::string_view text, std::string &why) {
-						  return parse_record(text, volume, why);
+						  return parse_record(text, volume, why, unreachable);
 					  });
 }
 
@@ -79,13 +151,13 @@ std::string etcd_key(std::string_view prefix, std::string_view volume)
 }
 
 std::string put_etcd(const discovery::ListOptions &opts, std::string_view volume,
-		     std::span<const Endpoint> donors)
+		     std::span<const Endpoint> donors, const Unreachable &unreachable)
 {
 	const auto deadline = std::chrono::steady_clock::now() + opts.timeout;
 	try {
 		etcd::Client client(discovery::client_options(opts));
-		auto r = client.put(etcd_key(opts.prefix, volume), record_text(volume, donors), 0,
-				    deadline);
+		auto r = client.put(etcd_key(opts.prefix, volume),
+				    record_text(volume, donors, unreachable), 0, deadline);
 		return r ? "" : r.error;
 	} catch (const std::bad_alloc &) {
 		throw;
@@ -106,7 +178,8 @@ EtcdRecord get_etcd(const discovery::ListOptions &opts, std::string_view volume)
 			out.why = r.error;
 		} else if (r.value->empty()) {
 			out.status = EtcdRecord::Status::Absent;
-		} else if (auto donors = parse_record(r.value->front().value, volume, out.why)) {
+		} else if (auto donors = parse_record(r.value->front().value, volume, out.why,
+						      &out.unreachable)) {
 			out.status = EtcdRecord::Status::Found;
 			out.donors = std::move(*donors);
 		} else {

@@ -2,9 +2,14 @@
 // The holders record of a volume (issue 14): every donor that may hold slabs of the volume,
 // written by the plugin before a donor can get its first slab of it, kept under the volume in
 // etcd and in a local file beside the volume key, so that a restarted plugin contacts only
-// those donors (with etcd down too) and counts as missing only those. Control path only.
+// those donors (with etcd down too) and counts as missing only those. It stays bounded (issue
+// 29): a recorded donor a start cannot reach is dropped once it has been unreachable for
+// longer than the lease (age_record). Control path only.
 #pragma once
 
+#include <cstddef>
+#include <cstdint>
+#include <map>
 #include <optional>
 #include <span>
 #include <string>
@@ -17,19 +22,56 @@
 namespace rdmaswap::holders {
 
 // ---- The record ----
-// JSON: {"version":1,"volume":"NAME","donors":["HOST:PORT",...]}, the donors as
-// Endpoint::str(), sorted (by that text) and without duplicates. The same text in the file
-// and in etcd. An empty list is a valid record: the volume holds nothing.
+// JSON: {"version":1,"volume":"NAME","donors":["HOST:PORT",...],
+// "unreachable_since":{"HOST:PORT":SECONDS,...}}, the donors as Endpoint::str(), sorted (by
+// that text) and without duplicates. The same text in the file and in etcd. An empty list is
+// a valid record: the volume holds nothing. "unreachable_since" (absent when empty: the
+// format before issue 29, which older plugins read as it is) names the recorded donors that
+// the last start could not reach, and since when (the wall clock, seconds since the epoch, as
+// the start that first found it so read it).
 
-std::string record_text(std::string_view volume, std::span<const Endpoint> donors);
+// Recorded donors a start could not reach, by Endpoint::str(): since when (seconds since the
+// epoch).
+using Unreachable = std::map<std::string, int64_t>;
+
+// The record's text; `unreachable` entries naming a donor not in `donors` are left out.
+std::string record_text(std::string_view volume, std::span<const Endpoint> donors,
+			const Unreachable &unreachable = {});
 
 // The donors of the record `text`, sorted and without duplicates as record_text writes them
-// (an entry named twice is dropped, an unsorted list accepted). nullopt, with `why` set, if
-// `text` is not such a document: not a JSON object, no "version" 1, no "volume" or one other
-// than `volume`, no "donors" list, or an entry that is not a string HOST:PORT with an explicit
-// port 1..65535. Unknown fields are ignored.
+// (an entry named twice is dropped, an unsorted list accepted), and in `*unreachable` (if
+// given; cleared first) its "unreachable_since" entries that name a donor of the list (others
+// are dropped; a record without the field gives none). nullopt, with `why` set, if `text` is
+// not such a document: not a JSON object, no "version" 1, no "volume" or one other than
+// `volume`, no "donors" list, an entry that is not a string HOST:PORT with an explicit port
+// 1..65535, or an "unreachable_since" that is not an object of integers 0..2^62. Unknown
+// fields are ignored.
 std::optional<std::vector<Endpoint>> parse_record(std::string_view text, std::string_view volume,
-						  std::string &why);
+						  std::string &why,
+						  Unreachable *unreachable = nullptr);
+
+// ---- Bounded (issue 29) ----
+
+// The record a start stores, from the one it read: the donors `reached` now (this run's
+// donors, which a start just connected) are kept, and their unreachable time is cleared; of
+// the other donors of `recorded` (the start could not reach them: they hold nothing this run)
+// one is dropped
+// - with `lease` 0 at once (nothing of a volume outlives a run with lease 0),
+// - otherwise once `now` - its unreachable time > `lease`: it has not been reachable for
+//   longer than the lease, so whatever it held of the volume is gone. Its time is the one
+//   `unreachable` gives, or `now` (first found unreachable now, or a record written before
+//   the field existed);
+// and of those left at most `max_unreachable`, the first by name. Times are seconds on the
+// wall clock (a clock set back makes a donor look unreachable for less long: it is kept).
+struct AgedRecord {
+	std::vector<Endpoint> donors;     // sorted by name, no duplicates
+	Unreachable unreachable;          // for the donors kept that were not reached
+	size_t dropped_lease = 0;         // unreachable for longer than the lease (or lease 0)
+	size_t dropped_cap = 0;           // beyond max_unreachable
+};
+AgedRecord age_record(std::span<const Endpoint> recorded, std::span<const Endpoint> reached,
+		      const Unreachable &unreachable, int64_t now, unsigned lease,
+		      size_t max_unreachable);
 
 // ---- The local file ----
 
@@ -38,13 +80,14 @@ std::optional<std::vector<Endpoint>> parse_record(std::string_view text, std::st
 // directory must exist. Throws std::runtime_error naming the path and what failed (the
 // temporary file is removed).
 void write_file(const std::string &path, std::string_view volume,
-		std::span<const Endpoint> donors);
+		std::span<const Endpoint> donors, const Unreachable &unreachable = {});
 
-// The recorded donors, or nullopt if `path` does not exist (discovery::read_donor_file).
-// Throws std::runtime_error naming the path if it cannot be read (a symbolic link, not a
-// regular file, larger than 1 MiB, an I/O error) or parse_record refuses it (another volume's
-// record included).
-std::optional<std::vector<Endpoint>> read_file(const std::string &path, std::string_view volume);
+// The recorded donors (and in `*unreachable`, if given, their unreachable times), or nullopt
+// if `path` does not exist (discovery::read_donor_file). Throws std::runtime_error naming the
+// path if it cannot be read (a symbolic link, not a regular file, larger than 1 MiB, an I/O
+// error) or parse_record refuses it (another volume's record included).
+std::optional<std::vector<Endpoint>> read_file(const std::string &path, std::string_view volume,
+					       Unreachable *unreachable = nullptr);
 
 // Where the file of `volume` lives: discovery::state_file_path(default_key_path, volume,
 // ".holders"), beside the volume key and the donor cache ("a/b" gives "<dir>/a%2Fb.holders").
@@ -61,7 +104,7 @@ std::string etcd_key(std::string_view prefix, std::string_view volume);
 // Bounded by opts.timeout overall (each attempt as discovery::client_options says). Never
 // throws but std::bad_alloc.
 std::string put_etcd(const discovery::ListOptions &opts, std::string_view volume,
-		     std::span<const Endpoint> donors);
+		     std::span<const Endpoint> donors, const Unreachable &unreachable = {});
 
 // What get_etcd found.
 struct EtcdRecord {
@@ -72,6 +115,7 @@ struct EtcdRecord {
 		Found,  // etcd answered with the record: `donors`
 	} status = Status::Failed;
 	std::vector<Endpoint> donors; // Found: sorted, no duplicates (may be empty)
+	Unreachable unreachable;      // Found: the record's unreachable times
 	std::string why;              // Failed: why
 };
 

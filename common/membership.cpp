@@ -3,10 +3,16 @@
 #include "common/membership.h"
 
 #include <algorithm>
+#include <cerrno>
 #include <stdexcept>
 
+#include <fmt/format.h>
+
+#include "common/err_text.h"
 #include "common/etcd.h"
 #include "common/log.h"
+#include "common/metrics_text.h"
+#include "common/protocol.h"
 #include "common/volume.h"
 
 namespace rdmaswap {
@@ -80,15 +86,16 @@ Membership::StartPlan Membership::plan_start(unsigned spread,
 		}
 	};
 	for (size_t k = 0; k < n; k++)
-		if (candidates[k].may_hold && candidates[k].reachable)
+		if (candidates[k].may_hold && candidates[k].reachable && candidates[k].probed)
 			try_connect(k);
-	// The set: donors that kept slabs for the volume first, then the others contacted.
+	// The set: donors that kept slabs for the volume first, then the others contacted; of
+	// those not contacted, only the ones that answered a probe now.
 	std::vector<DonorLoad> loads(n); // (with_reserve)
 	std::vector<size_t> seeds;
 	for (size_t k = 0; k < n; k++) {
 		const Candidate &c = candidates[k];
 		loads[k] = set_view(conn[k].get(), c.hint,
-				    conn[k] || (c.reachable && !failed[k] && !c.may_hold));
+				    conn[k] || (c.reachable && c.probed && !failed[k] && !c.may_hold));
 		if (conn[k] && conn[k]->reattached())
 			seeds.push_back(k);
 	}
@@ -116,8 +123,18 @@ Membership::StartPlan Membership::plan_start(unsigned spread,
 		if (!c.may_hold)
 			continue;
 		if (!conn[k]) {
-			plan.missing++; // could not ask it
-			plan.record.push_back(c.ep);
+			if (c.may_miss) {
+				plan.missing++; // could not ask it
+				plan.record.push_back(c.ep);
+			} // (etcd's word alone, never reached: it never makes a chunk lost)
+			continue;
+		}
+		if (!c.may_miss && !conn[k]->reattached()) {
+			// Etcd's word alone, and it kept nothing: a fresh member at most.
+			if (member[k])
+				fresh.push_back(k);
+			else
+				conn[k].reset();
 			continue;
 		}
 		if (!member[k] && !conn[k]->reattached()) {
@@ -125,14 +142,16 @@ Membership::StartPlan Membership::plan_start(unsigned spread,
 			conn[k].reset();
 			continue;
 		}
+		Server *srv = conn[k].get();
 		plan.servers.push_back(std::move(conn[k]));
-		plan.start.push_back(Start{c.ep, 0, member[k]});
+		plan.start.push_back(Start{c.ep, 0, member[k], srv});
 		plan.record.push_back(c.ep);
 	}
 	plan.start_holders = plan.servers.size();
 	for (size_t k : fresh) {
+		Server *srv = conn[k].get();
 		plan.servers.push_back(std::move(conn[k]));
-		plan.start.push_back(Start{candidates[k].ep, 0, true});
+		plan.start.push_back(Start{candidates[k].ep, 0, true, srv});
 		plan.record.push_back(candidates[k].ep);
 	}
 	std::sort(plan.record.begin(), plan.record.end(),
@@ -145,18 +164,44 @@ Membership::StartPlan Membership::plan_start(unsigned spread,
 	return plan;
 }
 
-Membership::Entry &Membership::entry(const Endpoint &ep)
+Membership::Entry *Membership::find(const std::string &name)
 {
-	const std::string name = ep.str();
-	if (auto it = index_.find(name); it != index_.end())
-		return entries_[it->second];
-	if (entries_.size() >= kMaxEntries)
-		throw std::runtime_error("more than " + std::to_string(kMaxEntries) +
-					 " donors known: " + name + " is not used");
-	index_.emplace(name, entries_.size());
-	Entry &e = entries_.emplace_back();
+	auto it = index_.find(name);
+	return it == index_.end() ? nullptr : &entries_[it->second];
+}
+
+Membership::Entry *Membership::entry(const Endpoint &ep)
+{
+	std::string name = ep.str();
+	if (Entry *e = find(name))
+		return e;
+	size_t k;
+	if (!free_.empty()) {
+		k = free_.back();
+		free_.pop_back();
+	} else if (entries_.size() < kMaxEntries) {
+		k = entries_.size();
+		entries_.emplace_back(); // (reserved: entries_ never moves)
+	} else {
+		return nullptr;
+	}
+	Entry &e = entries_[k];
+	e = Entry{};
+	e.used = true;
 	e.ep = ep;
-	return e;
+	e.name = name;
+	index_.emplace(std::move(name), k);
+	return &e;
+}
+
+void Membership::forget(size_t k)
+{
+	Entry &e = entries_[k];
+	index_.erase(e.name);
+	set_.forget(uint16_t(k));
+	e = Entry{};
+	free_.push_back(k);
+	counters_.aged_out++;
 }
 
 Membership::Membership(Volume &volume, Connect connect, Options opts,
@@ -168,22 +213,66 @@ Membership::Membership(Volume &volume, Connect connect, Options opts,
 	// allocate once it serves (tests/alloc counts every allocation of the process).
 	logger("membership");
 	entries_.reserve(kMaxEntries);
+	free_.reserve(kMaxEntries);
+	index_.reserve(kMaxEntries);
 	loads_.reserve(kMaxEntries);
+	auto must = [&](const Endpoint &ep) -> Entry & {
+		Entry *e = entry(ep);
+		if (!e) // (server= and the start hold at most 2 x Volume::kMaxServers donors)
+			throw std::runtime_error("more than " + std::to_string(kMaxEntries) +
+						 " donors at start");
+		return *e;
+	};
 	for (const auto &ep : opts_.servers)
-		entry(ep).from_servers = true;
-	for (const auto &[ep, load] : opts_.hints)
-		entry(ep).hint = load;
+		must(ep).from_servers = true;
 	for (size_t i = 0; i < start.size(); i++) {
-		Entry &e = entry(start[i].ep);
+		Entry &e = must(start[i].ep);
 		e.slot = long(i);
+		e.server = start[i].server;
 		e.boot_id = e.slot_boot = start[i].boot_id;
-		e.registered = !e.from_servers; // it came from the registry (or its cache)
+		// Registered if it came from the registry (or its cache), unless the start's listing
+		// says which are (below).
+		e.registered = !e.from_servers && opts_.revision == 0;
+		e.tried = true;
 		const size_t k = size_t(&e - entries_.data());
 		if (opts_.spread > 0 && start[i].member)
 			set_.seed(uint16_t(k));
 		e.joined = opts_.spread == 0 || set_.is_member(uint16_t(k));
 		volume_.set_outside(i, !e.joined);
 	}
+	// The registry as the start listed it, then what the start's probes said.
+	for (const auto &d : opts_.registered) {
+		Entry *e = entry(d.addr);
+		if (!e) {
+			counters_.ignored_beyond++;
+			continue;
+		}
+		e->registered = true;
+		e->boot_id = d.boot_id;
+		e->seq = ++seq_;
+		if (e->slot >= 0 && e->slot_boot == 0)
+			e->slot_boot = d.boot_id; // (the start gave none)
+	}
+	const auto now = Clock::now();
+	for (const auto &p : opts_.probed) {
+		Entry *e = find(p.ep.str());
+		if (!e)
+			continue; // neither registered nor server=: nothing to keep
+		e->tried = true;
+		if (p.ok) {
+			e->probed_ok = now;
+			e->hint = p.load;
+			e->hint.alive = true;
+		} else {
+			e->retry.failed(now);
+		}
+	}
+	counters_.listings = opts_.revision ? 1 : 0;
+	counters_.ignored_invalid = opts_.ignored.invalid;
+	counters_.ignored_too_large = opts_.ignored.too_large;
+	counters_.ignored_beyond += opts_.ignored.beyond;
+	// (Already logged by the start: discovery::discover.)
+	ignored_warned_ = now;
 	for (const auto &ep : opts_.recorded)
 		recorded_.push_back(ep.str());
 	std::sort(recorded_.begin(), recorded_.end());
@@ -215,23 +304,261 @@ void Membership::set_registered(std::span<const discovery::Donor> donors)
 		for (auto &e : entries_)
 			e.registered = false;
 		for (const auto &d : donors) {
-			Entry *e;
-			try {
-				e = &entry(d.addr);
-			} catch (const std::exception &x) {
-				if (!full_warned_)
-					logger("membership")->warn("{}", x.what());
-				full_warned_ = true;
+			Entry *e = entry(d.addr);
+			if (!e) {
+				counters_.ignored_beyond++;
+				pending_ignored_.beyond++;
+				pending_ignored_.note(d.addr.str(), fmt::format("more than {} donors known",
+										 kMaxEntries));
 				continue;
 			}
+			if (!e->registered && e->seq == 0)
+				e->seq = ++seq_;
 			e->registered = true;
 			e->boot_id = d.boot_id;
-			e->hint = DonorLoad{d.slabs_total - std::min(d.slabs_free, d.slabs_total),
-					    d.slabs_total, true, d.sessions};
 		}
 		wake_ = true;
 	}
 	cv_.notify_all();
+}
+
+void Membership::registration_put(const discovery::Donor &d)
+{
+	{
+		std::lock_guard lock(mu_);
+		counters_.events++;
+		Entry *e = entry(d.addr);
+		if (!e) {
+			counters_.ignored_beyond++;
+			pending_ignored_.beyond++;
+			pending_ignored_.note(d.addr.str(),
+					      fmt::format("more than {} donors known", kMaxEntries));
+			return;
+		}
+		if (!e->registered)
+			e->seq = ++seq_; // registered now: asked before the donors registered earlier
+		e->registered = true;
+		e->boot_id = d.boot_id;
+		wake_ = true;
+	}
+	cv_.notify_all();
+}
+
+void Membership::registration_gone(const Endpoint &addr)
+{
+	{
+		std::lock_guard lock(mu_);
+		counters_.events++;
+		Entry *e = find(addr.str());
+		if (!e || !e->registered)
+			return;
+		e->registered = false;
+		wake_ = true;
+	}
+	cv_.notify_all();
+}
+
+void Membership::note_ignored(const discovery::Ignored &ignored)
+{
+	if (ignored.total() == 0)
+		return;
+	{
+		std::lock_guard lock(mu_);
+		counters_.ignored_invalid += ignored.invalid;
+		counters_.ignored_too_large += ignored.too_large;
+		counters_.ignored_beyond += ignored.beyond;
+		pending_ignored_.invalid += ignored.invalid;
+		pending_ignored_.too_large += ignored.too_large;
+		pending_ignored_.beyond += ignored.beyond;
+		for (const auto &x : ignored.examples)
+			if (pending_ignored_.examples.size() < discovery::Ignored::kExamples)
+				pending_ignored_.examples.push_back(x);
+	}
+	warn_ignored(false);
+}
+
+void Membership::warn_ignored(bool force)
+{
+	discovery::Ignored pending;
+	{
+		std::lock_guard lock(mu_);
+		const auto now = Clock::now();
+		if (pending_ignored_.total() == 0 || (!force && now - ignored_warned_ < kWarnPeriod))
+			return;
+		ignored_warned_ = now;
+		pending = std::move(pending_ignored_);
+		pending_ignored_ = {};
+	}
+	logger("membership")->warn("etcd: {}: since the last such warning (one a minute at most; "
+				   "counted in the status file), {}",
+				   discovery::donors_prefix(opts_.registry.prefix), pending.summary());
+}
+
+Membership::Counters Membership::counters() const
+{
+	std::lock_guard lock(mu_);
+	Counters c = counters_;
+	c.known = index_.size();
+	c.registered = 0;
+	for (const auto &e : entries_)
+		c.registered += e.used && e.registered;
+	return c;
+}
+
+std::string Membership::status_text() const
+{
+	const Counters c = counters();
+	std::string out;
+	auto kv = [&](const char *k, uint64_t v) { out += fmt::format("{}={}\n", k, v); };
+	kv("membership_known", c.known);
+	kv("membership_registered", c.registered);
+	kv("membership_aged_out", c.aged_out);
+	kv("membership_probes_ok", c.probes_ok);
+	kv("membership_probes_failed", c.probes_failed);
+	kv("etcd_ignored_invalid", c.ignored_invalid);
+	kv("etcd_ignored_too_large", c.ignored_too_large);
+	kv("etcd_ignored_beyond", c.ignored_beyond);
+	kv("etcd_boot_id_disbelieved", c.boot_id_disbelieved);
+	kv("etcd_events", c.events);
+	kv("etcd_listings", c.listings);
+	return out;
+}
+
+std::string Membership::metrics_text() const
+{
+	const Counters c = counters();
+	MetricsText m;
+	m.single("rdmaswap_volume_donors_known", "gauge",
+		 "Donors in the membership's table (server=, registered, connected).", c.known);
+	m.single("rdmaswap_volume_donors_registered", "gauge",
+		 "Of the donors known, those registered in etcd now.", c.registered);
+	m.family("rdmaswap_volume_donor_probes_total", "counter",
+		 "Probes of donors before they join the donor set, by result.");
+	m.sample("rdmaswap_volume_donor_probes_total", {{"result", "ok"}}, c.probes_ok);
+	m.sample("rdmaswap_volume_donor_probes_total", {{"result", "failed"}}, c.probes_failed);
+	m.family("rdmaswap_volume_etcd_ignored_total", "counter",
+		 "Donor entries in etcd ignored, by reason (malformed, larger than 4096 bytes, "
+		 "beyond the bounds of a listing or of the table).");
+	m.sample("rdmaswap_volume_etcd_ignored_total", {{"reason", "invalid"}}, c.ignored_invalid);
+	m.sample("rdmaswap_volume_etcd_ignored_total", {{"reason", "too_large"}},
+		 c.ignored_too_large);
+	m.sample("rdmaswap_volume_etcd_ignored_total", {{"reason", "beyond"}}, c.ignored_beyond);
+	m.single("rdmaswap_volume_etcd_boot_id_disbelieved_total", "counter",
+		 "New boot ids in etcd that the donor itself contradicted (its session is there).",
+		 c.boot_id_disbelieved);
+	m.single("rdmaswap_volume_etcd_events_total", "counter",
+		 "Watch events of the donors' prefix applied.", c.events);
+	m.single("rdmaswap_volume_etcd_listings_total", "counter",
+		 "Listings of the donors' prefix (the start's, after a compaction or a watch "
+		 "message too large).",
+		 c.listings);
+	return m.take();
+}
+
+void Membership::ask_boot(std::span<const size_t> to_ask)
+{
+	auto log = logger("membership");
+	for (size_t k : to_ask) {
+		Server *srv;
+		uint64_t etcd_boot, boot;
+		long slot;
+		std::string name;
+		{
+			std::lock_guard lock(mu_);
+			if (stop_)
+				return;
+			const Entry &e = entries_[k];
+			srv = e.server;
+			etcd_boot = e.boot_id;
+			boot = e.slot_boot;
+			slot = e.slot;
+			name = e.name;
+		}
+		if (!srv || slot < 0)
+			continue;
+		// On the session's own control connection: a call joins the session (a reconnect
+		// first if the connection is gone). A donor that restarted has no such session: the
+		// first call finds the old connection dead, the second is told the session is
+		// unknown (Server::session_alive() turns false).
+		proto::StatsReply st;
+		int err = srv->stats(st);
+		if (err && err != ETIMEDOUT && err != ECANCELED && srv->session_alive())
+			err = srv->stats(st);
+		std::lock_guard lock(mu_);
+		Entry &e = entries_[k];
+		if (e.slot != slot)
+			continue; // (changed meanwhile)
+		if (!srv->session_alive()) {
+			log->warn("memserver {}: its session is gone (its registration shows a new boot "
+				  "id, {:016x}); its replicas are repaired elsewhere, and it is connected "
+				  "again as a new donor once it answers",
+				  name, etcd_boot);
+			volume_.donor_restarted(size_t(slot));
+			e.slot = -1;
+			e.server = nullptr;
+			e.joined = false;
+			continue;
+		}
+		if (err) {
+			e.ask_retry.failed(Clock::now());
+			log->debug("memserver {}: cannot ask it about the new boot id {:016x} in etcd: "
+				   "{} (asked again later)",
+				   name, etcd_boot, err_text(err));
+			continue;
+		}
+		e.ask_retry.succeeded();
+		e.disbelieved = etcd_boot;
+		counters_.boot_id_disbelieved++;
+		uint64_t suppressed = 0;
+		if (boot_log_.allow(suppressed))
+			log->warn("etcd says memserver {} restarted (boot id {:016x}, connected as "
+				  "{:016x}), but the memserver still holds this volume's session: the "
+				  "registration is not believed{}",
+				  name, etcd_boot, boot,
+				  suppressed ? fmt::format(" ({} more such lines suppressed)", suppressed)
+					     : std::string());
+	}
+}
+
+bool Membership::probe_entries(std::span<const size_t> to_probe)
+{
+	std::vector<ProbeTarget> targets;
+	{
+		std::lock_guard lock(mu_);
+		for (size_t k : to_probe)
+			targets.push_back(ProbeTarget{entries_[k].ep, kProbeBound});
+	}
+	const auto deadline = Clock::now() + opts_.timeout;
+	const auto out = probe_all(targets, opts_.probe, deadline, kProbeWorkers);
+	bool any = false;
+	std::lock_guard lock(mu_);
+	const auto now = Clock::now();
+	for (size_t j = 0; j < to_probe.size(); j++) {
+		Entry &e = entries_[to_probe[j]];
+		if (!e.used || e.name != targets[j].ep.str())
+			continue; // (forgotten meanwhile: cannot be, only step() forgets)
+		switch (out[j].state) {
+		case ProbeOutcome::State::Ok:
+			e.tried = true;
+			e.probed_ok = now;
+			e.hint = out[j].load;
+			e.hint.alive = true;
+			e.retry.succeeded();
+			counters_.probes_ok++;
+			any = true;
+			break;
+		case ProbeOutcome::State::Failed:
+			e.tried = true;
+			e.retry.failed(now);
+			counters_.probes_failed++;
+			logger("membership")->debug("memserver {} did not answer a probe: {}", e.name,
+						    out[j].why);
+			break;
+		case ProbeOutcome::State::NotRun:
+			break;
+		}
+	}
+	return any;
 }
 
 unsigned Membership::step()
@@ -240,44 +567,69 @@ unsigned Membership::step()
 	if (opts_.fault)
 		opts_.fault();
 	auto log = logger("membership");
-	// Decide under mu_ (no network), record and connect without it.
+	// Decide under mu_ (no network), ask, probe, record and connect without it.
 	std::vector<size_t> to_connect;
 	std::vector<size_t> to_close;           // idle for opts_.idle: disconnected
+	std::vector<size_t> to_ask;             // a new boot id in etcd: ask the donor
+	std::vector<size_t> to_probe;           // registered, wanted, not probed lately
 	std::vector<Endpoint> record_eps;       // the new record, if it changes
 	std::vector<std::string> record_names;  // the same, as recorded_ keeps it
+	std::vector<std::string> added_names;   // of them, those not recorded before (sorted)
 	{
 		std::lock_guard lock(mu_);
 		const auto now = Clock::now();
+		last_step_ = now;
 		loads_.resize(entries_.size());
+		// Whether an entry is eligible for the set without a probe first: connected, a
+		// server= entry, or probed lately (or no probe is configured).
+		auto probed = [&](const Entry &e) {
+			return !opts_.probe || e.from_servers ||
+			       (e.probed_ok != Clock::time_point{} && now - e.probed_ok < kProbeFresh);
+		};
 		for (size_t k = 0; k < entries_.size(); k++) {
 			Entry &e = entries_[k];
+			if (!e.used) {
+				loads_[k] = DonorLoad{0, 1, false, 0};
+				continue;
+			}
 			const bool wanted = e.from_servers || e.registered;
 			if (e.slot >= 0) {
 				const size_t i = size_t(e.slot);
 				if (e.slot_boot == 0)
 					e.slot_boot = e.boot_id; // connected before etcd told us its boot id
-				if (e.registered && e.boot_id && e.slot_boot && e.boot_id != e.slot_boot) {
-					volume_.donor_restarted(i); // its slabs are gone: repair now
-					e.slot = -1;
-					e.joined = false;
-				} else if (!volume_.server(i).session_alive()) {
+				if (!volume_.server(i).session_alive()) {
 					log->warn("memserver {}: session lost; its replicas are repaired "
 						  "elsewhere{}",
-						  e.ep.str(), wanted ? "; it is connected again as a new donor "
-								     "once it answers"
-								   : "");
+						  e.name, wanted ? "; it is connected again as a new donor "
+								   "once it answers"
+								 : "");
 					volume_.set_retired(i, true);
 					e.slot = -1;
+					e.server = nullptr;
 					e.joined = false;
 				} else {
+					if (e.registered && e.boot_id && e.slot_boot && e.boot_id != e.slot_boot &&
+					    e.boot_id != e.disbelieved && e.server && e.ask_retry.may_try(now))
+						to_ask.push_back(k);
 					volume_.set_retired(i, !wanted);
 				}
 			}
-			// The set's view: a connected donor by its own counts, another by its hint
-			// (none: it looks empty); one waiting out a retry pause is not usable.
+			// Forgotten once neither wanted nor connected for kAgeOut.
+			if (wanted || e.slot >= 0) {
+				e.unwanted_since = {};
+			} else if (e.unwanted_since == Clock::time_point{}) {
+				e.unwanted_since = now;
+			} else if (now - e.unwanted_since >= opts_.age_out) {
+				forget(k);
+				loads_[k] = DonorLoad{0, 1, false, 0};
+				continue;
+			}
+			// The set's view: a connected donor by its own counts, another by its last
+			// probe's (none: it looks empty); one not probed lately, or waiting out a
+			// retry pause, is not usable.
 			const bool connected = e.slot >= 0;
 			loads_[k] = set_view(connected ? &volume_.server(size_t(e.slot)) : nullptr, e.hint,
-					     wanted && (connected || e.retry.may_try(now)));
+					     wanted && (connected || (probed(e) && e.retry.may_try(now))));
 		}
 		if (opts_.spread > 0)
 			set_.refill(loads_, rng_);
@@ -285,8 +637,11 @@ unsigned Membership::step()
 		// again) only while a quarter of them is left.
 		const bool may_close = opts_.idle.count() > 0 &&
 				       volume_.servers() < volume_.max_servers() / 4 * 3;
+		bool short_of_donors = opts_.spread > 0 && set_.members().size() < set_.capacity();
 		for (size_t k = 0; k < entries_.size(); k++) {
 			Entry &e = entries_[k];
+			if (!e.used)
+				continue;
 			const bool wanted = e.from_servers || e.registered;
 			const bool member = opts_.spread == 0 ? wanted : set_.is_member(uint16_t(k));
 			if (e.slot >= 0) {
@@ -298,28 +653,63 @@ unsigned Membership::step()
 					e.idle_since = now;
 				else if (may_close && now - e.idle_since >= opts_.idle)
 					to_close.push_back(k);
-			} else if (member && wanted && e.retry.may_try(now))
-				to_connect.push_back(k);
+			} else if (member && wanted && e.retry.may_try(now)) {
+				if (probed(e))
+					to_connect.push_back(k);
+				else
+					short_of_donors = true; // (spread 0: probed first)
+			}
+		}
+		// Too few donors to choose from: probe some (never-tried ones first, the newest
+		// registration first; then the others whose pause is over, the oldest first).
+		if (short_of_donors && opts_.probe) {
+			std::vector<size_t> cands;
+			for (size_t k = 0; k < entries_.size(); k++) {
+				const Entry &e = entries_[k];
+				if (e.used && e.registered && !e.from_servers && e.slot < 0 && !probed(e) &&
+				    e.retry.may_try(now))
+					cands.push_back(k);
+			}
+			const size_t n = std::min(cands.size(), kProbeBatch);
+			std::partial_sort(cands.begin(), cands.begin() + long(n), cands.end(),
+					  [&](size_t a, size_t b) {
+						  const Entry &x = entries_[a], &y = entries_[b];
+						  if (x.tried != y.tried)
+							  return !x.tried;
+						  return x.tried ? x.retry.next() < y.retry.next()
+								 : x.seq > y.seq;
+					  });
+			to_probe.assign(cands.begin(), cands.begin() + long(n));
 		}
 		// The record first: a donor is connected only once the record names it.
 		if (!to_connect.empty() && opts_.record) {
 			std::vector<std::string> names = recorded_;
-			for (size_t k : to_connect)
-				names.push_back(entries_[k].ep.str());
+			for (size_t k : to_connect) {
+				names.push_back(entries_[k].name);
+				if (!std::binary_search(recorded_.begin(), recorded_.end(), entries_[k].name))
+					added_names.push_back(entries_[k].name);
+			}
 			std::sort(names.begin(), names.end());
 			names.erase(std::unique(names.begin(), names.end()), names.end());
+			std::sort(added_names.begin(), added_names.end());
 			if (names != recorded_) {
 				// By name (the order the record keeps); a donor recorded and not known
 				// now (gone, or not registered this run) is kept by its recorded name.
 				for (const auto &n : names) {
-					if (auto it = index_.find(n); it != index_.end())
-						record_eps.push_back(entries_[it->second].ep);
+					if (const Entry *x = find(n))
+						record_eps.push_back(x->ep);
 					else if (auto ep = parse_endpoint(n, 0))
 						record_eps.push_back(*ep);
 				}
 				record_names = std::move(names);
 			}
 		}
+	}
+	if (!to_ask.empty())
+		ask_boot(to_ask);
+	if (!to_probe.empty() && probe_entries(to_probe)) {
+		std::lock_guard lock(mu_);
+		wake_ = true; // (the next step may choose the donors that answered)
 	}
 	// Written with no lock the data path may take (wake() takes mu_): a file with fsync, and
 	// etcd's copy, each bounded by the timeout. recorded_ changes only here (step_mu_).
@@ -338,26 +728,33 @@ unsigned Membership::step()
 		}
 	}
 	unsigned added = 0;
+	std::vector<std::string> unreached; // recorded by this step, and the connect failed
 	for (size_t k : to_connect) {
 		Endpoint ep;
+		std::string name;
 		{
 			std::lock_guard lock(mu_);
 			if (stop_)
 				break;
 			ep = entries_[k].ep; // (entries_ never moves: reserved)
+			name = entries_[k].name;
 		}
-		const std::string name = ep.str();
 		std::string why;
 		long slot = -1;
+		Server *raw = nullptr;
 		try {
-			slot = long(volume_.add_server(connect_(ep)));
+			std::unique_ptr<Server> srv = connect_(ep);
+			raw = srv.get();
+			slot = long(volume_.add_server(std::move(srv)));
 		} catch (const std::exception &e) {
 			why = e.what();
 		}
 		std::lock_guard lock(mu_);
 		Entry &e = entries_[k];
+		e.tried = true;
 		if (slot >= 0) {
 			e.slot = slot;
+			e.server = raw;
 			e.slot_boot = e.boot_id;
 			e.retry.succeeded();
 			e.warned = false;
@@ -369,22 +766,62 @@ unsigned Membership::step()
 			continue;
 		}
 		e.retry.failed(Clock::now());
-		if (!e.warned)
-			log->warn("memserver {} not usable yet (retried every {} s at most): {}", name,
-				  kMaxRetry.count() / 1000, why);
+		e.probed_ok = {}; // (probed again before the next try)
+		if (std::binary_search(added_names.begin(), added_names.end(), name))
+			unreached.push_back(name);
+		uint64_t suppressed = 0;
+		if (!e.warned && connect_log_.allow(suppressed))
+			log->warn("memserver {} not usable yet (retried every {} s at most): {}{}", name,
+				  kMaxRetry.count() / 1000, why,
+				  suppressed ? fmt::format(" ({} more such lines suppressed)", suppressed)
+					     : std::string());
 		else
 			log->debug("memserver {} still not usable: {}", name, why);
 		e.warned = true;
 	}
+	if (!unreached.empty())
+		unrecord(unreached);
 	if (!to_close.empty())
 		close_idle(to_close);
 	volume_.donors_changed(); // allocations waiting for a donor try again
 	return added;
 }
 
+void Membership::recorded_without(std::span<const std::string> out,
+				  std::vector<std::string> &names, std::vector<Endpoint> &eps)
+{
+	std::lock_guard lock(mu_);
+	for (const auto &n : recorded_) {
+		if (std::find(out.begin(), out.end(), n) != out.end())
+			continue;
+		names.push_back(n);
+		if (const Entry *x = find(n))
+			eps.push_back(x->ep);
+		else if (auto ep = parse_endpoint(n, 0))
+			eps.push_back(*ep);
+	}
+}
+
+void Membership::unrecord(std::span<const std::string> gone)
+{
+	std::vector<std::string> names;
+	std::vector<Endpoint> eps;
+	recorded_without(gone, names, eps);
+	// (Never reached: it holds nothing of the volume. If this fails, the record names it
+	// until a later write: a start counts it as missing then, never loses data by it.)
+	if (const std::string why = opts_.record(eps); !why.empty()) {
+		logger("membership")->debug("cannot take {} unreachable donor(s) out of the holders "
+					    "record: {}",
+					    gone.size(), why);
+		return;
+	}
+	std::lock_guard lock(mu_);
+	recorded_ = std::move(names);
+}
+
 void Membership::close_idle(std::span<const size_t> to_close)
 {
-	std::vector<std::string> closed; // names, sorted
+	std::vector<std::string> closed; // names
 	for (size_t k : to_close) {
 		long slot;
 		{
@@ -402,29 +839,18 @@ void Membership::close_idle(std::span<const size_t> to_close)
 			continue;
 		}
 		e.slot = -1;
+		e.server = nullptr;
 		e.joined = false;
 		e.idle_since = {};
-		closed.push_back(e.ep.str());
+		closed.push_back(e.name);
 	}
 	if (closed.empty() || !opts_.record)
 		return;
 	// The record without them: they hold nothing of the volume and get nothing more (a
 	// donor wanted again is recorded before it is connected).
-	std::sort(closed.begin(), closed.end());
 	std::vector<std::string> names;
 	std::vector<Endpoint> eps;
-	{
-		std::lock_guard lock(mu_);
-		for (const auto &n : recorded_) {
-			if (std::binary_search(closed.begin(), closed.end(), n))
-				continue;
-			names.push_back(n);
-			if (auto it = index_.find(n); it != index_.end())
-				eps.push_back(entries_[it->second].ep);
-			else if (auto ep = parse_endpoint(n, 0))
-				eps.push_back(*ep);
-		}
-	}
+	recorded_without(closed, names, eps);
 	if (names == recorded_)
 		return;
 	if (const std::string why = opts_.record(eps); !why.empty()) {
@@ -437,7 +863,7 @@ void Membership::close_idle(std::span<const size_t> to_close)
 	recorded_ = std::move(names);
 }
 
-bool Membership::relist()
+bool Membership::relist(int64_t &revision)
 {
 	std::string why;
 	auto listing = discovery::list_donors(opts_.registry, why);
@@ -445,10 +871,29 @@ bool Membership::relist()
 		logger("membership")->debug("etcd: listing the donors failed: {}", why);
 		return false;
 	}
-	for (const auto &s : listing->skipped)
-		logger("membership")->warn("etcd: skipped {}", s);
+	{
+		std::lock_guard lock(mu_);
+		counters_.listings++;
+	}
+	note_ignored(listing->ignored);
 	set_registered(listing->donors);
+	revision = listing->revision;
 	return true;
+}
+
+void Membership::apply_event(const etcd::WatchEvent &ev, discovery::Ignored &ignored)
+{
+	const std::string &prefix = opts_.registry.prefix;
+	if (ev.type == etcd::WatchEvent::Type::Put) {
+		if (auto d = discovery::check_donor(prefix, ev.kv.key, ev.kv.value, ignored)) {
+			registration_put(*d);
+			return;
+		}
+	}
+	// A delete, or a put of what is not a registration: the donor the key names (if it
+	// names one) is not registered any more.
+	if (auto addr = discovery::donor_key_addr(prefix, ev.kv.key))
+		registration_gone(*addr);
 }
 
 void Membership::loop_failed(const char *loop, const char *why, bool &failing)
@@ -470,6 +915,10 @@ void Membership::step_loop()
 		{
 			std::unique_lock lock(mu_);
 			cv_.wait_for(lock, opts_.interval, [this] { return stop_ || wake_; });
+			if (stop_)
+				return;
+			// Debounced: a burst of registry changes (or of need-donor calls) is one step.
+			cv_.wait_until(lock, last_step_ + kDebounce, [this] { return stop_; });
 			if (stop_)
 				return;
 			wake_ = false;
@@ -494,32 +943,67 @@ void Membership::watch_loop()
 	auto log = logger("membership");
 	const std::string prefix = discovery::donors_prefix(opts_.registry.prefix);
 	bool failing = false;
+	// The revision the table shows the registry at: the watch goes on from the next one. 0:
+	// list first (no listing yet, or events were lost: compacted away, or a message too
+	// large to read).
+	int64_t revision = opts_.revision;
+	Clock::time_point listed{}; // the last listing of this loop
 	for (;;) {
 		{
 			std::lock_guard lock(mu_);
 			if (stop_)
 				return;
 		}
-		// Watch from now; once the stream exists, list everything (what changed before the
-		// watch began), then relist on every change. A watch that etcd cancels (e.g. one
-		// that fell behind a compaction) or that breaks is simply opened again.
+		if (revision == 0) {
+			// At most one listing per kRelistSpacing, whatever etcd does.
+			if (listed != Clock::time_point{}) {
+				std::unique_lock lock(mu_);
+				if (cv_.wait_until(lock, listed + kRelistSpacing, [this] { return stop_; }))
+					return;
+			}
+			listed = Clock::now();
+			if (!relist(revision)) {
+				if (!failing)
+					log->warn("etcd: cannot list the donors; the donors known stay in use, "
+						  "retrying");
+				failing = true;
+				continue; // (spaced by kRelistSpacing)
+			}
+		}
+		// Each event's key and value by itself; the steps they wake are debounced.
 		const auto began = Clock::now();
+		bool lost_events = false;
 		auto r = watch_->client.watch_prefix(
-			prefix, 0,
+			prefix, revision + 1,
 			[&](const etcd::WatchMessage &m) {
-				if (m.created || !m.events.empty())
-					relist();
+				if (m.canceled && m.compact_revision) {
+					lost_events = true; // compacted away: list again
+					return false;
+				}
+				discovery::Ignored ignored;
+				for (const auto &ev : m.events) {
+					apply_event(ev, ignored);
+					revision = std::max(revision, ev.kv.mod_revision);
+				}
+				note_ignored(ignored);
 				std::lock_guard lock(mu_);
 				return !stop_;
 			},
-			Clock::now() + opts_.watch_span);
+			Clock::now() + opts_.watch_span, discovery::kPageBytes);
+		warn_ignored(false); // (what a quiet minute left pending)
+		if (lost_events || (!r && r.code == etcd::kTooLarge)) {
+			log->debug("etcd: the watch of the donors lost events ({}); listing again",
+				   lost_events ? "compacted" : r.error);
+			revision = 0;
+			continue;
+		}
 		if (r) {
 			if (failing)
 				log->info("etcd: watching the donors again");
 			failing = false;
-			// A watch that ended well before its span was cancelled by etcd (it fell behind
-			// a compaction, or etcd refuses it): opened again after a pause, so that one
-			// etcd refuses at once is not reopened (and relisted) in a loop.
+			// A watch that ended well before its span was cancelled by etcd (or it
+			// refuses it): opened again after a pause, so that one etcd refuses at once is
+			// not reopened in a loop.
 			if (Clock::now() - began < std::chrono::seconds(1)) {
 				log->debug("etcd: the watch of the donors ended early (cancelled by etcd); "
 					   "opening it again in 1 s");

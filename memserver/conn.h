@@ -249,6 +249,7 @@ private:
 
 	Memserver &m_;
 	const unsigned index_;
+	char name_[32] = {}; // "event loop N" (its exception boundary's)
 	LoopCounters &io_; // this loop's READ/WRITE counters
 	Fd ep_, ev_;
 	std::thread thread_;

@@ -10,6 +10,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <cstdio>
 #include <cstring>
 #include <stdexcept>
 
@@ -62,12 +63,21 @@ Memserver::Loop::Loop(Memserver &m, unsigned index)
 	if (epoll_ctl(ep_.get(), EPOLL_CTL_ADD, ev_.get(), &e) < 0)
 		throw std::runtime_error(std::string("epoll_ctl: ") + err_text(errno));
 	conns_.reserve(64);
+	std::snprintf(name_, sizeof name_, "event loop %u", index_);
 	thread_ = std::thread([this] {
 		prefault_stack();
 		char name[16];
 		snprintf(name, sizeof name, "rdmaswap-loop%u", index_);
 		pthread_setname_np(pthread_self(), name);
-		run();
+		// The thread's exception boundary: its connections cannot be served any more, so
+		// the memserver stops (a clean shutdown, exit status 1). The loop first runs once
+		// more, stopping: it closes its connections as at any stop.
+		unsigned failures = 0;
+		guarded_thread("memserver", name_, Memserver::kStops, [this] { run(); },
+			       [this, &failures](const char *) {
+				       m_.thread_failed(name_);
+				       return ++failures == 1 ? AfterFailure::Again : AfterFailure::End;
+			       });
 	});
 }
 
@@ -108,6 +118,8 @@ void Memserver::Loop::wake(std::shared_ptr<Conn> c)
 
 void Memserver::Loop::take_handovers()
 {
+	if (m_.test_throw_loop_.load(std::memory_order_relaxed) && m_.test_throw_loop_.exchange(false))
+		throw std::runtime_error("test fault (RDMASWAP_TEST_THROW=loop)");
 	uint64_t v;
 	[[maybe_unused]] auto n = ::read(ev_.get(), &v, sizeof v);
 	{
@@ -637,8 +649,10 @@ void Memserver::Loop::park(Conn &c, const proto::Header &h, std::span<const std:
 		std::memcpy(c.ctl_body.data(), body.data(), body.size());
 	c.ctl_len = body.size();
 	std::shared_ptr<Conn> cp = conns_[c.index];
-	// A client's handshake (HELLO, then BIND) never queues behind other control work.
-	const WorkerPool::Lane lane = h.op == proto::Op::Hello || h.op == proto::Op::Bind
+	// A client's handshake (DONOR_PROOF, HELLO, then BIND) never queues behind other control
+	// work.
+	const WorkerPool::Lane lane = h.op == proto::Op::DonorProof || h.op == proto::Op::Hello ||
+						      h.op == proto::Op::Bind
 					      ? WorkerPool::Lane::Handshake
 					      : WorkerPool::Lane::Control;
 	m_.workers_->submit(lane, [&m = m_, cp = std::move(cp)]() mutable {

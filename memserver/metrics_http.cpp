@@ -16,6 +16,7 @@
 #include <microhttpd.h>
 
 #include "common/err_text.h"
+#include "common/guarded_main.h"
 #include "common/log.h"
 #include "common/tcp/socket.h"
 
@@ -25,6 +26,8 @@ namespace {
 
 constexpr const char *kContentType = "text/plain; version=0.0.4; charset=utf-8";
 
+// The library's two callbacks into this file run on its thread: each is an exception boundary
+// (guarded_call), so that nothing reaches the library's C code (std::terminate).
 void mhd_log(void *, const char *fmt, va_list ap)
 {
 	char buf[512];
@@ -32,7 +35,8 @@ void mhd_log(void *, const char *fmt, va_list ap)
 	size_t n = std::strlen(buf);
 	while (n && buf[n - 1] == '\n')
 		buf[--n] = '\0';
-	logger("metrics")->warn("{}", buf);
+	guarded_call("metrics", "a libmicrohttpd message",
+		     [&] { logger("metrics")->warn("{}", buf); });
 }
 
 MHD_Result answer(MHD_Connection *conn, unsigned status, const std::string &body)
@@ -50,24 +54,31 @@ MHD_Result answer(MHD_Connection *conn, unsigned status, const std::string &body
 	return ok;
 }
 
-// The library's access handler: one call per request (a GET has no body to wait for).
+// The library's access handler: one call per request (a GET has no body to wait for). A
+// request whose answer throws (rendering, or making the response) is answered 500 if that can
+// still be done, else its connection is closed (MHD_NO); the thread serves on.
 MHD_Result on_request(void *cls, MHD_Connection *conn, const char *url, const char *method,
 		      const char *, const char *, size_t *upload_size, void **)
 {
 	auto &render = *static_cast<std::function<std::string()> *>(cls);
-	try {
-		if (std::strcmp(url, "/metrics") != 0)
-			return answer(conn, MHD_HTTP_NOT_FOUND, "only /metrics is served here\n");
-		if (std::strcmp(method, MHD_HTTP_METHOD_GET) != 0 &&
-		    std::strcmp(method, MHD_HTTP_METHOD_HEAD) != 0)
-			return answer(conn, MHD_HTTP_METHOD_NOT_ALLOWED, "GET or HEAD\n");
-		if (*upload_size) // a GET with a body: ignore it
-			*upload_size = 0;
-		return answer(conn, MHD_HTTP_OK, render());
-	} catch (const std::exception &e) {
-		logger("metrics")->warn("GET /metrics: {}", e.what());
-		return answer(conn, MHD_HTTP_INTERNAL_SERVER_ERROR, "internal error\n");
-	}
+	MHD_Result result = MHD_NO;
+	if (guarded_call("metrics", "GET /metrics", [&] {
+		    if (std::strcmp(url, "/metrics") != 0)
+			    result = answer(conn, MHD_HTTP_NOT_FOUND, "only /metrics is served here\n");
+		    else if (std::strcmp(method, MHD_HTTP_METHOD_GET) != 0 &&
+			     std::strcmp(method, MHD_HTTP_METHOD_HEAD) != 0)
+			    result = answer(conn, MHD_HTTP_METHOD_NOT_ALLOWED, "GET or HEAD\n");
+		    else {
+			    if (*upload_size) // a GET with a body: ignore it
+				    *upload_size = 0;
+			    result = answer(conn, MHD_HTTP_OK, render());
+		    }
+	    }))
+		return result;
+	guarded_call("metrics", "the answer 500 to GET /metrics", [&] {
+		result = answer(conn, MHD_HTTP_INTERNAL_SERVER_ERROR, "internal error\n");
+	});
+	return result;
 }
 
 } // namespace

@@ -160,7 +160,11 @@ RdmaService::RdmaService(const std::string &listen, uint16_t port, SlabPool &poo
 		throw std::runtime_error(errno_text("rdma_listen"));
 	impl_->thread = std::thread([this] {
 		prefault_stack();
-		impl_->loop();
+		// Its loss leaves no RDMA connect answered: the memserver stops (exception
+		// boundaries, docs/architecture.md).
+		guarded_thread("rdma", "the RDMA event thread", Memserver::kStops,
+			       [this] { impl_->loop(); },
+			       impl_->owner.stop_on_failure("the RDMA event thread"));
 	});
 	logger("rdma")->info("RDMA listening on {}:{}", listen, port);
 }

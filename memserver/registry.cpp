@@ -9,6 +9,7 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
+#include "common/guarded_main.h"
 #include "common/log.h"
 
 namespace rdmaswap {
@@ -48,7 +49,18 @@ Registry::Registry(RegistryOptions opts, std::function<RegistryHints()> hints)
 	  client_(etcd::ClientOptions{opts_.endpoints, opts_.timeout,
 				      std::min(opts_.timeout, milliseconds(1000))})
 {
-	thread_ = std::thread([this] { run(); });
+	// The thread's exception boundary: the memserver serves on, unregistered until the
+	// thread's body starts again (a new lease; the old one expires within its TTL).
+	thread_ = std::thread([this] {
+		guarded_thread("memserver", "the etcd registry thread",
+			       "the registration is made again in a few seconds",
+			       [this] { run(); },
+			       [this](const char *) {
+				       return sleep_until(Clock::now() + opts_.backoff_max)
+						      ? AfterFailure::End
+						      : AfterFailure::Again;
+			       });
+	});
 }
 
 Registry::~Registry()

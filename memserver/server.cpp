@@ -15,8 +15,12 @@
 
 #include <array>
 #include <cerrno>
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <stdexcept>
+#include <string>
+#include <thread>
 #include <vector>
 
 #include "common/err_text.h"
@@ -36,6 +40,8 @@ constexpr int kAcceptBatch = 64;
 // Refusals of one kind are reported at most this often; idle peers are forgotten this often.
 constexpr auto kDropReport = std::chrono::seconds(5);
 constexpr auto kPeerSweep = std::chrono::seconds(10);
+// A thread that carries on after a failure starts again after this pause.
+constexpr auto kRestartPause = std::chrono::milliseconds(1000);
 // The listen backlog (the kernel caps it at net.core.somaxconn): a flood that outpaces the
 // accept loop for a moment fills it, not the SYN retries of other clients.
 constexpr int kBacklog = 4096;
@@ -89,6 +95,11 @@ Memserver::Memserver(const MemserverOptions &opts)
 	  sessions_(opts.max_floors), peers_(peer_limits(opts))
 {
 	auto log = logger("memserver");
+	if (const char *v = getenv("RDMASWAP_TEST_THROW"); v && *v) {
+		const std::string hooks = std::string(",") + v + ",";
+		test_throw_loop_ = hooks.find(",loop,") != std::string::npos;
+		test_throw_lease_ = hooks.find(",lease,") != std::string::npos ? 3 : 0;
+	}
 	if (opts_.auth_keys.empty() && !opts_.insecure)
 		throw std::runtime_error("no --auth-key FILE given: every memserver and client of a "
 					 "cluster needs the same key (make one with: openssl rand "
@@ -201,6 +212,28 @@ void Memserver::shutdown()
 	workers_.reset();
 	reap();
 	rdma_.reset();
+	// (run() joins them; not if it left early by an exception: a joinable thread's
+	// destructor would call std::terminate.)
+	if (reserve_thread_.joinable())
+		reserve_thread_.join();
+	if (lease_thread_.joinable())
+		lease_thread_.join();
+}
+
+void Memserver::thread_failed(const char *thread) noexcept
+{
+	if (!failing_.test_and_set()) {
+		std::snprintf(failed_thread_.data(), failed_thread_.size(), "%s", thread);
+		failed_.store(true, std::memory_order_release);
+	}
+	stop_.store(true);
+}
+
+AfterFailure Memserver::again_after(std::chrono::milliseconds pause) noexcept
+{
+	for (auto end = Clock::now() + pause; !stop_.load() && Clock::now() < end;)
+		std::this_thread::sleep_for(std::chrono::milliseconds(50));
+	return stop_.load() ? AfterFailure::End : AfterFailure::Again;
 }
 
 unsigned Memserver::loop_threads() const
@@ -328,14 +361,31 @@ void Memserver::run()
 	const unsigned n = loop_threads();
 	for (unsigned i = 0; i < n; i++)
 		loops_.push_back(std::make_unique<Loop>(*this, i));
+	// The lease and reserve threads carry on after a failure (a second later): the memserver
+	// serves without them meanwhile.
 	if (opts_.reserve)
-		reserve_thread_ = std::thread([this] { reserve_loop(); });
-	lease_thread_ = std::thread([this] { lease_loop(); });
+		reserve_thread_ = std::thread([this] {
+			guarded_thread("memserver", "the reserve thread", "it starts again in 1 s",
+				       [this] { reserve_loop(); },
+				       [this](const char *) { return again_after(kRestartPause); });
+		});
+	lease_thread_ = std::thread([this] {
+		guarded_thread(
+			"memserver", "the lease thread",
+			"it starts again in 1 s (detached sessions expire only while it runs)",
+			[this] {
+				if (test_throw_lease_.load() > 0 && test_throw_lease_.fetch_sub(1) > 0)
+					throw std::runtime_error("test fault (RDMASWAP_TEST_THROW=lease)");
+				lease_loop();
+			},
+			[this](const char *) { return again_after(kRestartPause); });
+	});
 	logger("memserver")->info("serving TCP with {} event loop(s) and {} worker(s) (+1 for "
 				  "handshakes only)",
 				  n, workers_->threads());
 	notify_ready();
-	accept_loop();
+	guarded_thread("memserver", "the accept loop", kStops, [this] { accept_loop(); },
+		       stop_on_failure("the accept loop"));
 	// Every loop closes its connections; then the workers finish what they were given
 	// (sessions left by those connections), and only then do the loops go.
 	for (auto &l : loops_)
@@ -348,6 +398,10 @@ void Memserver::run()
 	if (reserve_thread_.joinable())
 		reserve_thread_.join();
 	lease_thread_.join();
+	if (failed_.load(std::memory_order_acquire))
+		throw std::runtime_error(fmt::format("stopped because {} failed (see the error "
+						     "above)",
+						     failed_thread_.data()));
 	logger("memserver")->info("stopped");
 }
 

@@ -25,6 +25,7 @@
 
 #include "common/auth.h"
 #include "common/config.h"
+#include "common/guarded_main.h"
 #include "common/log.h"
 #include "common/protocol.h"
 #include "common/tcp/socket.h"
@@ -134,9 +135,33 @@ public:
 	~Memserver();
 
 	// Serve until stop() (or a signal handler setting the flag). Returns when all connection
-	// threads have ended.
+	// threads have ended. If it stopped because a thread failed (thread_failed), it throws
+	// std::runtime_error naming that thread once everything has stopped, so that the process
+	// exits with a non-zero status.
 	void run();
 	void stop() { stop_.store(true); }
+
+	// Exception boundaries (docs/architecture.md, "Exception boundaries"): every thread of
+	// the memserver runs its body through guarded_thread (common/guarded_main.h).
+	// A thread whose loss leaves the memserver unable to serve (an event loop, the accept
+	// loop, the RDMA event thread) failed: stop as stop() does (a clean shutdown: the
+	// connections are closed, the workers finish, the registration is removed), and make
+	// run() throw at the end. The first such thread is the one run() names. Any thread.
+	void thread_failed(const char *thread) noexcept;
+	// What such a thread's boundary says it leads to, and its `failed` callback:
+	// thread_failed(thread), then the thread ends. `thread` must outlive the thread (a
+	// string literal, or a member of the thread's owner).
+	static constexpr const char *kStops = "the memserver stops (exit status 1)";
+	auto stop_on_failure(const char *thread) noexcept
+	{
+		return [this, thread](const char *) noexcept {
+			thread_failed(thread);
+			return AfterFailure::End;
+		};
+	}
+	// The `failed` callback of a thread that carries on (the lease and reserve threads):
+	// waits up to `pause` or until stop, then the body runs again (unless stopping).
+	AfterFailure again_after(std::chrono::milliseconds pause) noexcept;
 
 	uint16_t port() const { return port_; }
 	// The event loops run() starts (--threads, or the CPU count).
@@ -262,6 +287,15 @@ private:
 	uint16_t port_ = 0;
 	std::unique_ptr<RdmaService> rdma_;
 	std::atomic<bool> stop_{false};
+	// thread_failed(): the first failed thread's name (set before failed_), for run().
+	std::atomic_flag failing_ = ATOMIC_FLAG_INIT;
+	std::array<char, 64> failed_thread_{};
+	std::atomic<bool> failed_{false};
+	// Test hooks (RDMASWAP_TEST_THROW, comma-separated, read by the constructor; unset in
+	// production): "loop" makes the first hand-over to an event loop (a new connection)
+	// throw in that loop's thread, "lease" the first three runs of the lease thread's body.
+	std::atomic<bool> test_throw_loop_{false};
+	std::atomic<int> test_throw_lease_{0};
 	// The workers (made before the RDMA service, which hands them connect requests; ended
 	// after the loops and the RDMA event thread) and the loops (made by run()).
 	std::unique_ptr<WorkerPool> workers_;

@@ -13,6 +13,7 @@
 #include <string>
 
 #include "common/err_text.h"
+#include "common/guarded_main.h"
 #include "common/swap_safety.h"
 
 namespace rdmaswap {
@@ -63,7 +64,16 @@ SlabPool::SlabPool(uint64_t capacity, uint64_t slab_size, bool lock)
 	scrubber_ = std::thread([this] {
 		prefault_stack();
 		pthread_setname_np(pthread_self(), "rdmaswap-scrub");
-		scrub_loop();
+		// The thread's exception boundary: the pool serves on (ALLOC zeroes a slab itself
+		// when none is zeroed, bounded) and the scrubber starts again a second later.
+		guarded_thread("memserver", "the slab scrubber", "it starts again in 1 s",
+			       [this] { scrub_loop(); },
+			       [this](const char *) {
+				       std::unique_lock guard(mu_);
+				       scrub_cv_.wait_for(guard, std::chrono::seconds(1),
+							  [this] { return stop_; });
+				       return stop_ ? AfterFailure::End : AfterFailure::Again;
+			       });
 	});
 }
 

@@ -15,6 +15,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cerrno>
+#include <chrono>
 #include <csignal>
 #include <cstdarg>
 #include <condition_variable>
@@ -27,6 +28,8 @@
 #include <type_traits>
 #include <memory>
 #include <mutex>
+#include <random>
+#include <set>
 #include <string>
 #include <span>
 #include <string_view>
@@ -48,9 +51,11 @@
 #include "common/log.h"
 #include "common/membership.h"
 #include "common/metrics_text.h"
+#include "common/probe.h"
 #include "common/reattach.h"
 #include "common/rdma/rdma_client.h"
 #include "common/remote_server.h"
+#include "common/state_files.h"
 #include "common/swap_safety.h"
 #include "common/tcp/rpc.h"
 #include "common/volume.h"
@@ -212,6 +217,8 @@ struct Config {
 	unsigned idle_disconnect = 60; // idle-disconnect=SECONDS; 0: never
 	std::string holders_file; // the holders record (spread > 0): beside the volume key
 } g_cfg; // NOLINT(cert-err58-cpp): its defaults allocate nothing; made at dlopen
+// This run's run file (state_files.h), locked from config_complete to the process's end.
+std::unique_ptr<state::RunFile> g_run;
 std::vector<Endpoint> g_servers;   // server= and the donors etcd (or its cache) gave
 std::vector<Endpoint> g_reachable; // servers that answered in get_ready
 // What the start knows of each donor (get_ready): its hint, whether it answered the probe (only
@@ -268,7 +275,8 @@ private:
 		if (!g_statusfile.empty())
 			replace_file(g_statusfile, std::string("transport=") +
 							   transport_name(g_chosen) + "\n" +
-							   g_volume->status_text());
+							   g_volume->status_text() +
+							   g_membership->status_text());
 		if (!g_metricsfile.empty()) {
 			MetricsText info;
 			info.family("rdmaswap_volume_info", "gauge",
@@ -277,7 +285,8 @@ private:
 				    {{"version", RDMASWAP_VERSION},
 				     {"transport", transport_name(g_chosen)}},
 				    uint64_t(1));
-			replace_file(g_metricsfile, info.take() + g_volume->metrics_text());
+			replace_file(g_metricsfile, info.take() + g_volume->metrics_text() +
+							    g_membership->metrics_text());
 		}
 	}
 	// `path` holds `text`, or is left as it was. The temporary file (PATH.tmp-RANDOM) is in
@@ -479,6 +488,11 @@ void stop_threads()
 void rdmaswap_unload()
 {
 	stop_threads();
+	// A clean stop: the run file says when (rdmaswapctl state prune counts the lease from
+	// it). Only here: nbdkit's parent process exits at its fork without calling .unload.
+	if (g_run)
+		g_run->stopped();
+	g_run.reset();
 }
 
 void rdmaswap_dump_plugin()
@@ -762,22 +776,19 @@ int rdmaswap_config_complete()
 		nbdkit_error("rdmaswap: volume-key=%s: %s", g_cfg.volume_key_path.c_str(), e.what());
 		return -1;
 	}
-	// Files of this volume beside the volume key: VOLUME-KEY.<FNV-1a of the volume's name>.SUFFIX.
-	uint64_t h = 1469598103934665603ull;
-	for (unsigned char c : g_cfg.volume)
-		h = (h ^ c) * 1099511628211ull;
-	auto volume_file = [&](const char *suffix) {
-		char name[48];
-		std::snprintf(name, sizeof name, ".%016llx.%s", static_cast<unsigned long long>(h),
-			      suffix);
-		return g_cfg.volume_key_path + name;
-	};
+	// Files of this volume beside the volume key: VOLUME-KEY.<FNV-1a of the volume's
+	// name>.SUFFIX (state_files.h).
 	// The holders record (spread > 0; membership.h): which donors a restart contacts.
-	g_cfg.holders_file = volume_file("holders");
-	// This run's id (one file per volume): a backup file closed cleanly is trusted only by
-	// the next run (backup.h). Written with or without backup=.
+	g_cfg.holders_file = state::volume_file(g_cfg.volume_key_path, g_cfg.volume, "holders");
+	// The run file: this run's id (a backup file closed cleanly is trusted only by the next
+	// run, backup.h), locked while nbdkit runs, and when it stopped cleanly (what
+	// rdmaswapctl state prune looks at). Written with or without backup=.
 	try {
-		g_cfg.run_id = next_run_id(volume_file("run"), g_cfg.previous_run_id);
+		g_run = std::make_unique<state::RunFile>(
+			state::volume_file(g_cfg.volume_key_path, g_cfg.volume, "run"), g_cfg.volume,
+			g_cfg.lease, g_cfg.backup);
+		g_cfg.run_id = g_run->id();
+		g_cfg.previous_run_id = g_run->previous();
 	} catch (const std::exception &e) {
 		if (!g_cfg.backup.empty()) {
 			nbdkit_error("rdmaswap: backup=%s: %s", g_cfg.backup.c_str(), e.what());
@@ -819,15 +830,30 @@ static discovery::ListOptions etcd_list_options()
 
 // The hints etcd published at start (discovery), for donors the start does not probe.
 std::vector<discovery::Donor> g_registered;
+discovery::Ignored g_ignored; // the entries the start's listing left out
+int64_t g_listed_revision = 0; // the start's listing's revision (0: none)
+// The donors etcd's copy of the holders record names (read_holders): contacted at start, but on
+// etcd's word alone none counts as missing or enters the local record (issue 26, S2).
+std::vector<Endpoint> g_etcd_holders;
+
+// The holders record's unreachable times (holders::Unreachable): as the start read them
+// (read_holders), and as this run keeps them (bound_holders), cleared for a donor as it is
+// connected (holder_reached). The latter with the donors last recorded, under g_holders_mu:
+// the membership thread writes the record too.
+holders::Unreachable g_read_unreachable;
+std::mutex g_holders_mu;
+holders::Unreachable g_unreachable;
+std::vector<Endpoint> g_recorded; // the record as last stored
 
 // The holders record (spread > 0; common/membership.h): the donors that may hold slabs of
 // the volume. The local file decides; without it (a first start, or a lost file) every donor
-// may hold slabs and the start contacts them all. etcd's copy only adds donors to contact.
+// may hold slabs and the start contacts them all. etcd's copy only adds donors to contact
+// (g_etcd_holders), never to the record.
 static std::optional<std::vector<Endpoint>> read_holders()
 {
 	std::optional<std::vector<Endpoint>> record;
 	try {
-		record = holders::read_file(g_cfg.holders_file, g_cfg.volume);
+		record = holders::read_file(g_cfg.holders_file, g_cfg.volume, &g_read_unreachable);
 	} catch (const std::exception &e) {
 		warn("%s: every donor is contacted at this start", e.what());
 	}
@@ -838,8 +864,9 @@ static std::optional<std::vector<Endpoint>> read_holders()
 				     got.why.c_str());
 		else
 			for (const auto &ep : got.donors) {
-				if (record && std::find(record->begin(), record->end(), ep) == record->end())
-					record->push_back(ep);
+				// Not into the record: a donor named by etcd alone is contacted, kept
+				// only if it hands slabs of the volume back (issue 26, S2).
+				g_etcd_holders.push_back(ep);
 				if (std::find(g_servers.begin(), g_servers.end(), ep) == g_servers.end())
 					g_servers.push_back(ep); // contacted: it may hold slabs
 			}
@@ -847,20 +874,50 @@ static std::optional<std::vector<Endpoint>> read_holders()
 	return record;
 }
 
-// Store the holders record: the file, then etcd's copy (best effort: the file decides).
-// "" or why the file could not be written.
-static std::string write_holders(const std::vector<Endpoint> &donors)
+// Store the holders record (with g_unreachable's times of its donors): the file, then etcd's
+// copy (best effort: the file decides). "" or why the file could not be written. Caller holds
+// g_holders_mu.
+static std::string store_holders(const std::vector<Endpoint> &donors)
 {
 	try {
-		holders::write_file(g_cfg.holders_file, g_cfg.volume, donors);
+		holders::write_file(g_cfg.holders_file, g_cfg.volume, donors, g_unreachable);
 	} catch (const std::exception &e) {
 		return e.what();
 	}
+	g_recorded = donors;
 	if (!g_cfg.etcd.empty())
-		if (const std::string why = holders::put_etcd(etcd_list_options(), g_cfg.volume, donors);
+		if (const std::string why = holders::put_etcd(etcd_list_options(), g_cfg.volume,
+							       donors, g_unreachable);
 		    !why.empty())
 			logger("membership")->debug("etcd: the holders record not stored: {}", why);
 	return "";
+}
+
+static std::string write_holders(const std::vector<Endpoint> &donors)
+{
+	std::lock_guard lock(g_holders_mu);
+	return store_holders(donors);
+}
+
+// A recorded donor that the start could not reach is connected now: the record no longer says
+// it is unreachable, before the connection is made (so that a restart after this run does not
+// drop a donor that may hold slabs of it). Throws std::runtime_error if the record cannot be
+// stored (the donor is then not connected now: Membership retries it).
+static void holder_reached(const Endpoint &ep)
+{
+	if (!g_recording)
+		return;
+	std::lock_guard lock(g_holders_mu);
+	const auto it = g_unreachable.find(ep.str());
+	if (it == g_unreachable.end())
+		return;
+	const auto since = *it;
+	g_unreachable.erase(it);
+	if (std::string why = store_holders(g_recorded); !why.empty()) {
+		g_unreachable.insert(since);
+		throw std::runtime_error("cannot record that " + ep.str() + " is reachable again: " +
+					 why);
+	}
 }
 
 // With etcd=: g_servers from server=, etcd and the donor cache (discovery::discover), and
@@ -877,13 +934,10 @@ static int discover_donors()
 		nbdkit_error("rdmaswap: %s", why.c_str());
 		return -1;
 	}
-	g_servers = std::move(found->servers);
+	g_servers = std::move(found->servers); // (at most discovery::kMaxListed from etcd)
 	g_registered = std::move(found->registered);
-	if (g_servers.size() > Volume::kMaxServers) {
-		warn("%zu memservers known, using the first %zu (the server= entries first)",
-		     g_servers.size(), Volume::kMaxServers);
-		g_servers.resize(Volume::kMaxServers);
-	}
+	g_ignored = std::move(found->ignored);
+	g_listed_revision = found->revision;
 	if (g_cfg.replicas == 0)
 		g_cfg.replicas = g_servers.size() >= 2 ? 2 : 1;
 	if (g_cfg.replicas > g_servers.size()) {
@@ -893,6 +947,34 @@ static int discover_donors()
 		return -1;
 	}
 	return 0;
+}
+
+// Probes at start run this many at once (probe.h: threads of 256 KiB stacks, for the start).
+static constexpr unsigned kStartProbeWorkers = 32;
+// Donors that etcd's copy of the holders record alone names: contacted at start, this many at
+// most (the record keeps the donor set's and 32 more: holders.h).
+static constexpr size_t kMaxEtcdHolders = 64;
+
+// A probe of memserver `ep` (probe.h): an authenticated STATS on a connection of its own, done
+// by `deadline`. Its counts, or nullopt with `why` set. Throws std::runtime_error when the
+// name does not resolve (a failure to probe_all).
+static std::optional<DonorLoad> probe_donor(const Endpoint &ep, ProbeClock::time_point deadline,
+					    std::string &why)
+{
+	const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
+		deadline - ProbeClock::now());
+	if (left.count() <= 0) {
+		why = "no time left";
+		return std::nullopt;
+	}
+	ControlClient cc(resolve(ep), left, g_cfg.auth_key);
+	proto::StatsReply st;
+	if (const int err = cc.stats(st)) {
+		why = connect_error_text(err);
+		return std::nullopt;
+	}
+	return DonorLoad{st.slabs_total - std::min(st.slabs_free, st.slabs_total), st.slabs_total,
+			 true, st.sessions};
 }
 
 // Before nbdkit forks: find the donors in etcd (etcd=), then check which memservers answer,
@@ -913,6 +995,7 @@ int rdmaswap_get_ready()
 		}
 	}
 	g_recording = g_cfg.spread > 0;
+	const size_t nlisted = g_servers.size(); // server=, and etcd's listing (or its cache)
 	std::optional<std::vector<Endpoint>> record;
 	if (g_recording)
 		record = read_holders();
@@ -920,48 +1003,109 @@ int rdmaswap_get_ready()
 		for (const auto &ep : *record)
 			if (std::find(g_servers.begin(), g_servers.end(), ep) == g_servers.end())
 				g_servers.push_back(ep); // no longer listed: it may still hold slabs
-	// Probed: the donors that may hold slabs, and the server= entries (a typo is a clear
-	// error at start). The others are only candidates for the donor set, known by their
-	// registration's hints, contacted if chosen.
-	size_t usable = 0;
+	// Probed, in parallel under one deadline (timeout=): the donors that may hold slabs by
+	// local knowledge (the record's; every listed one without a record) and the server=
+	// entries (a typo is a clear error at start), each within the whole deadline; then those
+	// etcd's copy of the record alone adds (at most kMaxEtcdHolders), and the other
+	// registered donors, only candidates for the donor set, in a random order (an entry's
+	// place in etcd buys nothing), each within min(timeout=, 2 s), until the first two kinds
+	// are done and enough answered for the set. A donor not probed by the deadline is not
+	// chosen now (Membership probes it later if the set needs it).
+	std::unordered_map<std::string, const discovery::Donor *> registered;
+	for (const auto &d : g_registered)
+		registered.emplace(d.addr.str(), &d);
+	std::set<std::string> recorded, etcd_holders, configured, listed;
+	if (record)
+		for (const auto &ep : *record)
+			recorded.insert(ep.str());
+	for (const auto &ep : g_etcd_holders)
+		etcd_holders.insert(ep.str());
+	for (const auto &ep : g_cfg.servers)
+		configured.insert(ep.str());
+	for (size_t k = 0; k < nlisted; k++)
+		listed.insert(g_servers[k].str());
+	std::vector<size_t> first, etcd_only, others; // indices into g_candidates
+	g_candidates.resize(g_servers.size());
+	for (size_t k = 0; k < g_servers.size(); k++) {
+		Membership::Candidate &c = g_candidates[k];
+		c.ep = g_servers[k];
+		const std::string name = c.ep.str();
+		const bool local = recorded.count(name) > 0;
+		c.may_hold = !record || local || etcd_holders.count(name);
+		// Counted as missing: the record's donors; without a record every donor listed (a
+		// first start, or a lost file: the safe side), but none that etcd's copy of the
+		// record alone names.
+		c.may_miss = record ? local : listed.count(name) > 0;
+		if (auto it = registered.find(name); it != registered.end())
+			c.hint = DonorLoad{it->second->slabs_total -
+						   std::min(it->second->slabs_free, it->second->slabs_total),
+					   it->second->slabs_total, true, it->second->sessions};
+		if ((c.may_hold && c.may_miss) || configured.count(name))
+			first.push_back(k);
+		else if (c.may_hold && etcd_only.size() < kMaxEtcdHolders)
+			etcd_only.push_back(k);
+		else if (c.may_hold)
+			c.probed = c.reachable = false; // (beyond kMaxEtcdHolders: not contacted)
+		else
+			others.push_back(k);
+	}
+	std::shuffle(others.begin(), others.end(), std::minstd_rand(std::random_device{}()));
+	std::vector<ProbeTarget> targets;
+	std::vector<size_t> target_of;
+	for (size_t k : first) {
+		targets.push_back(ProbeTarget{g_candidates[k].ep, std::chrono::milliseconds(0)});
+		target_of.push_back(k);
+	}
+	const auto side_bound = std::min(g_cfg.timeout, std::chrono::milliseconds(2000));
+	for (size_t k : etcd_only) {
+		targets.push_back(ProbeTarget{g_candidates[k].ep, side_bound});
+		target_of.push_back(k);
+	}
+	for (size_t k : others) {
+		targets.push_back(ProbeTarget{g_candidates[k].ep, side_bound});
+		target_of.push_back(k);
+	}
+	// Enough: the first ones done, and as many answered as the set holds (every one that
+	// answers with spread=0).
+	const size_t want = g_cfg.spread ? std::max<size_t>(g_cfg.spread, g_cfg.replicas) : SIZE_MAX;
+	const size_t nfirst = first.size() + etcd_only.size();
+	auto enough = [&](std::span<const ProbeOutcome> o) {
+		size_t ok = 0;
+		for (size_t j = 0; j < o.size(); j++) {
+			if (j < nfirst && o[j].state == ProbeOutcome::State::NotRun)
+				return false;
+			ok += o[j].state == ProbeOutcome::State::Ok;
+		}
+		return ok >= want;
+	};
+	const auto probe_started = ProbeClock::now();
+	const std::vector<ProbeOutcome> outcomes =
+		probe_all(targets, probe_donor, probe_started + g_cfg.timeout, kStartProbeWorkers,
+			  enough);
+	size_t usable = 0, not_probed = 0;
 	std::vector<std::pair<std::string, std::string>> unreachable; // (name, why)
-	for (const auto &ep : g_servers) {
-		Membership::Candidate c;
-		c.ep = ep;
-		c.may_hold = !record || std::find(record->begin(), record->end(), ep) != record->end();
-		const bool probe = c.may_hold || std::find(g_cfg.servers.begin(), g_cfg.servers.end(),
-							   ep) != g_cfg.servers.end();
-		for (const auto &d : g_registered)
-			if (d.addr == ep)
-				c.hint = DonorLoad{d.slabs_total - std::min(d.slabs_free, d.slabs_total),
-						   d.slabs_total, true, d.sessions};
-		if (!probe) {
-			g_candidates.push_back(c);
+	for (size_t j = 0; j < targets.size(); j++) {
+		Membership::Candidate &c = g_candidates[target_of[j]];
+		const ProbeOutcome &o = outcomes[j];
+		if (o.state == ProbeOutcome::State::Ok) {
+			c.hint = o.load;
+			// (spread=0 connects every donor that answered: no more than a volume takes.)
+			if (g_cfg.spread == 0 && usable >= Volume::kMaxServers) {
+				c.probed = c.reachable = false;
+				continue;
+			}
+			g_reachable.push_back(c.ep);
 			usable++;
-			continue;
-		}
-		std::string why;
-		try {
-			ControlClient cc(resolve(ep), g_cfg.timeout, g_cfg.auth_key);
-			proto::StatsReply st;
-			if (int err = cc.stats(st))
-				why = connect_error_text(err);
-			else
-				c.hint = DonorLoad{st.slabs_total - std::min(st.slabs_free, st.slabs_total),
-						   st.slabs_total, true, st.sessions};
-		} catch (const std::exception &e) {
-			why = e.what();
-		}
-		c.reachable = why.empty();
-		g_candidates.push_back(c);
-		if (why.empty()) {
-			g_reachable.push_back(ep);
-			usable++;
+		} else if (o.state == ProbeOutcome::State::NotRun) {
+			c.probed = c.reachable = false;
+			not_probed++;
 		} else if (g_servers.size() == 1) {
-			nbdkit_error("rdmaswap: memserver %s is not reachable: %s", ep.str().c_str(),
-				     why.c_str());
+			c.reachable = false;
+			nbdkit_error("rdmaswap: memserver %s is not reachable: %s", c.ep.str().c_str(),
+				     o.why.c_str());
 		} else {
-			unreachable.emplace_back(ep.str(), why);
+			c.reachable = false;
+			unreachable.emplace_back(c.ep.str(), o.why);
 		}
 	}
 	// One line for them all (a record may name many donors gone for good).
@@ -971,6 +1115,13 @@ int rdmaswap_get_ready()
 	else if (!unreachable.empty())
 		warn("%zu memservers not reachable: %s", unreachable.size(),
 		     log_summary(unreachable).c_str());
+	nbdkit_debug("rdmaswap: %zu memservers probed in %lld ms: %zu answered, %zu did not, %zu "
+		     "left unprobed",
+		     targets.size() - not_probed,
+		     (long long)std::chrono::duration_cast<std::chrono::milliseconds>(
+			     ProbeClock::now() - probe_started)
+			     .count(),
+		     usable, unreachable.size(), not_probed);
 	if (usable < g_cfg.replicas) {
 		nbdkit_error("rdmaswap: %zu of %zu memservers reachable, replicas=%u needs %u",
 			     usable, g_servers.size(), g_cfg.replicas, g_cfg.replicas);
@@ -987,31 +1138,41 @@ int rdmaswap_get_ready()
 // The holders record stays bounded (issue 29): a host restarted many times over a day with new
 // donors each time would otherwise name every donor it ever used, and contact (probe) each of
 // them at every start. The record of this start keeps every donor of this run (plan.start);
-// of the recorded donors that could not be contacted now it keeps
-// - none with lease=0: nothing of the volume outlives a run (a donor frees it when its session
+// of the recorded donors that could not be contacted now (they hold nothing of this run) it
+// drops (holders::age_record)
+// - with lease=0 all: nothing of the volume outlives a run (a donor frees it when its session
 //   ends), so they hold nothing of it;
-// - otherwise at most kMaxUncontacted, the first by name (the others may still hold slabs of
-//   an earlier run, which this run already counts as missing).
+// - otherwise those not reachable for longer than the lease (since a start first found them
+//   so: the record keeps that time): whatever they held of an earlier run has expired;
+// and keeps at most kMaxUncontacted of the others, the first by name (they may still hold
+// slabs of an earlier run, which this run already counts as missing).
 static constexpr size_t kMaxUncontacted = 32;
 
 static void bound_holders(Membership::StartPlan &plan)
 {
-	std::vector<Endpoint> kept;
-	size_t uncontacted = 0, dropped = 0;
-	for (const auto &ep : plan.record) { // (sorted by name)
-		const bool contacted = std::any_of(plan.start.begin(), plan.start.end(),
-						   [&](const Membership::Start &s) { return s.ep == ep; });
-		if (!contacted && (g_cfg.lease == 0 || ++uncontacted > kMaxUncontacted)) {
-			dropped++;
-			continue;
-		}
-		kept.push_back(ep);
-	}
-	if (dropped)
+	std::vector<Endpoint> reached;
+	for (const auto &s : plan.start)
+		reached.push_back(s.ep);
+	const auto now = std::chrono::duration_cast<std::chrono::seconds>(
+				 std::chrono::system_clock::now().time_since_epoch())
+				 .count();
+	std::lock_guard lock(g_holders_mu);
+	holders::AgedRecord aged = holders::age_record(plan.record, reached, g_read_unreachable,
+						       now, g_cfg.lease, kMaxUncontacted);
+	if (aged.dropped_lease)
 		logger("plugin")->info("the holders record drops {} donor(s) not contacted now ({})",
-				       dropped, g_cfg.lease == 0 ? "lease=0: they hold nothing of the volume"
-								 : "more than 32 such donors");
-	plan.record = std::move(kept);
+				       aged.dropped_lease,
+				       g_cfg.lease == 0
+					       ? "lease=0: they hold nothing of the volume"
+					       : fmt::format("not reachable for longer than lease={} s: "
+							     "what they held of the volume has expired",
+							     g_cfg.lease));
+	if (aged.dropped_cap)
+		logger("plugin")->info("the holders record drops {} donor(s) not contacted now (more "
+				       "than {} such donors)",
+				       aged.dropped_cap, kMaxUncontacted);
+	plan.record = std::move(aged.donors);
+	g_unreachable = std::move(aged.unreachable);
 }
 
 // A session with memserver `ep` for the volume, with the plugin's settings (after the fork:
@@ -1019,6 +1180,7 @@ static void bound_holders(Membership::StartPlan &plan)
 // proof of the volume key).
 static std::unique_ptr<Server> connect_donor(const Endpoint &ep)
 {
+	holder_reached(ep);
 	RemoteServerOptions o;
 	o.endpoint = ep;
 	o.kind = g_chosen;
@@ -1137,9 +1299,16 @@ static int start_serving()
 		if (g_recording)
 			mo.record = write_holders;
 		mo.recorded = plan.record;
+		// What the start learnt: etcd's listing (the watch goes on from its revision) and
+		// the probes' answers; later registrations are probed before they are used.
+		mo.registered = std::move(g_registered);
+		mo.ignored = g_ignored;
+		mo.revision = g_listed_revision;
 		for (const auto &c : g_candidates)
-			if (c.hint.total)
-				mo.hints.emplace_back(c.ep, c.hint);
+			if (c.probed)
+				mo.probed.push_back({c.ep, c.reachable, c.hint});
+		mo.probe = probe_donor;
+		mo.timeout = g_cfg.timeout;
 		if (g_throw_steps)
 			mo.fault = [left = g_throw_steps]() mutable {
 				if (left > 0 && left--)

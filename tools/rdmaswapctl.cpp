@@ -1,5 +1,5 @@
 // SPDX-License-Identifier: MIT
-// rdmaswapctl: ask memservers for their state.
+// rdmaswapctl: ask memservers for their state; list and prune the plugin's state files.
 #include <sys/stat.h>
 
 #include <algorithm>
@@ -8,13 +8,16 @@
 #include <ctime>
 #include <cstdio>
 #include <cstring>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "common/config.h"
 #include "common/err_text.h"
 #include "common/guarded_main.h"
+#include "common/state_files.h"
 #include "common/tcp/rpc.h"
+#include "common/volume_key.h"
 #include "tools/rdmaswapctl_cert.h"
 
 namespace {
@@ -124,6 +127,7 @@ int usage()
 			     "       [timeout=SECONDS] [auth-key=FILE | admin-key=FILE | insecure=true]\n"
 			     "       rdmaswapctl giveback|lend server=HOST[:PORT] size=SIZE\n"
 			     "       [timeout=SECONDS] [admin-key=FILE | insecure=true]\n"
+			     "       rdmaswapctl state list|prune [dir=DIR] [older-than=AGE]\n"
 			     "       rdmaswapctl ca|donor-key|cert|crl ...  (donor certificates)\n"
 			     "  server=  a memserver's capacity, free slabs, bytes served and the\n"
 			     "           sessions of this host (auth-key=: the cluster key), or of\n"
@@ -133,6 +137,12 @@ int usage()
 			     "  giveback  withdraw SIZE of a memserver's capacity: free slabs at\n"
 			     "           once, used ones after their clients moved them (admin)\n"
 			     "  lend     offer up to SIZE of withdrawn capacity again (admin)\n"
+			     "  state list   the plugin's per-volume state files in DIR (default: the\n"
+			     "           state directory, e.g. /var/lib/rdmaswap) and whether they\n"
+			     "           may go\n"
+			     "  state prune  remove those of volumes stopped for longer than their\n"
+			     "           lease (never of a running nbdkit); older-than=AGE (e.g.\n"
+			     "           7d) also those of volumes that did not stop cleanly\n"
 			     "  --json   status as one JSON object per server= or volume=, one a line\n");
 	return 2;
 }
@@ -227,11 +237,146 @@ void print_sessions(Report &out, const std::vector<rdmaswap::proto::SessionEntry
 	out.num("sessions_detached", detached);
 }
 
+// "90", "90s", "15m", "2h", "7d" in seconds; nullopt otherwise.
+std::optional<int64_t> parse_age(const std::string &s)
+{
+	size_t digits = 0;
+	while (digits < s.size() && s[digits] >= '0' && s[digits] <= '9')
+		digits++;
+	if (digits == 0 || digits > 9 || s.size() > digits + 1)
+		return std::nullopt;
+	const int64_t n = std::stoll(s.substr(0, digits));
+	const char unit = digits < s.size() ? s[digits] : 's';
+	switch (unit) {
+	case 's':
+		return n;
+	case 'm':
+		return n * 60;
+	case 'h':
+		return n * 3600;
+	case 'd':
+		return n * 86400;
+	default:
+		return std::nullopt;
+	}
+}
+
+const char *use_name(rdmaswap::state::VolumeFiles::Use u)
+{
+	using Use = rdmaswap::state::VolumeFiles::Use;
+	switch (u) {
+	case Use::Running:
+		return "running";
+	case Use::Stopped:
+		return "stopped";
+	case Use::Unclean:
+		return "not-stopped-cleanly";
+	case Use::NoRunFile:
+		return "no-run-file";
+	case Use::Unknown:
+		break;
+	}
+	return "unknown";
+}
+
+// rdmaswapctl state list|prune [dir=DIR] [older-than=AGE] (docs/operations.md, "The state
+// directory"): one block per volume, `key=value` lines ended by an empty line.
+int state_command(int argc, char **argv)
+{
+	using namespace rdmaswap;
+	if (argc < 3 || (std::strcmp(argv[2], "list") != 0 && std::strcmp(argv[2], "prune") != 0))
+		return usage();
+	const bool prune = std::strcmp(argv[2], "prune") == 0;
+	std::string dir;
+	std::optional<int64_t> older_than;
+	for (int i = 3; i < argc; i++) {
+		const std::string arg = argv[i];
+		const size_t eq = arg.find('=');
+		const std::string key = arg.substr(0, eq);
+		const std::string value = eq == std::string::npos ? "" : arg.substr(eq + 1);
+		if (key == "dir" && !value.empty()) {
+			dir = value;
+		} else if (key == "older-than") {
+			older_than = parse_age(value);
+			if (!older_than) {
+				std::fprintf(stderr, "rdmaswapctl: bad older-than '%s' (examples: 3600, "
+						     "90m, 12h, 7d)\n",
+					     value.c_str());
+				return 2;
+			}
+		} else {
+			std::fprintf(stderr, "rdmaswapctl: unknown argument '%s'\n", arg.c_str());
+			return usage();
+		}
+	}
+	if (dir.empty()) {
+		try {
+			const std::string key = default_volume_key_path();
+			const size_t slash = key.rfind('/');
+			dir = slash == std::string::npos ? "." : key.substr(0, slash);
+		} catch (const std::exception &e) {
+			std::fprintf(stderr, "rdmaswapctl: no default state directory (%s): give dir=\n",
+				     e.what());
+			return 2;
+		}
+	}
+	std::vector<state::VolumeFiles> volumes;
+	try {
+		volumes = state::scan(dir);
+	} catch (const std::exception &e) {
+		std::printf("dir=%s\nerror=%s\n\n", dir.c_str(), e.what());
+		return 1;
+	}
+	const int64_t now = std::chrono::duration_cast<std::chrono::seconds>(
+				    std::chrono::system_clock::now().time_since_epoch())
+				    .count();
+	int rc = 0;
+	for (const auto &v : volumes) {
+		std::printf("volume=%s\n", v.volume.empty() ? "-" : v.volume.c_str());
+		if (prune) {
+			const state::Pruned p = state::prune(v, now, older_than);
+			for (const auto &f : p.removed)
+				std::printf("removed=%s\n", f.c_str());
+			if (!p.kept.empty())
+				std::printf("kept=%s\n", p.kept.c_str());
+			if (!p.error.empty()) {
+				std::printf("error=%s\n", p.error.c_str());
+				rc = 1;
+			}
+			std::printf("\n");
+			continue;
+		}
+		std::printf("state=%s\n", use_name(v.use));
+		if (v.info && v.info->described) {
+			std::printf("lease=%u\nstarted=%lld\n", v.info->lease,
+				    static_cast<long long>(v.info->started));
+			if (v.info->stopped)
+				std::printf("stopped=%lld\n", static_cast<long long>(v.info->stopped));
+			if (!v.info->backup.empty())
+				std::printf("backup=%s\n", v.info->backup.c_str());
+		}
+		if (v.use == state::VolumeFiles::Use::Stopped)
+			std::printf("stopped_seconds=%lld\n",
+				    static_cast<long long>(now - v.info->stopped));
+		std::printf("newest_file_seconds=%lld\n", static_cast<long long>(now - v.newest));
+		const std::string keep = state::keep_reason(v, now, older_than);
+		std::printf("prunable=%s\n", keep.empty() ? "yes" : "no");
+		if (!keep.empty())
+			std::printf("kept=%s\n", keep.c_str());
+		for (const auto &f : v.files)
+			std::printf("file=%s\n", f.c_str());
+		std::printf("\n");
+	}
+	return rc;
+}
+
 } // namespace
 
 static int run(int argc, char **argv)
 {
 	using namespace rdmaswap;
+	if (argc >= 2 && std::strcmp(argv[1], "state") == 0)
+		return state_command(argc, argv);
 	if (argc >= 2 && is_cert_command(argv[1])) // tools/rdmaswapctl_cert.cpp
 		return cert_command(argc, argv);
 	if (argc < 2 || (std::strcmp(argv[1], "status") != 0 && std::strcmp(argv[1], "giveback") != 0 &&

@@ -1,13 +1,15 @@
 // SPDX-License-Identifier: MIT
 // Unit tests for common/backup: entries from several queues reach the file in the order they
 // were queued, reads wait for the queue, punches zero and re-trust a slab, the header refuses
-// another volume's file, and a clean close is trusted only by the next run.
+// another volume's file, a clean close is trusted only by the next run, and a writer thread
+// that throws fails the backup (its exception boundary).
 #include <catch2/catch.hpp>
 
 #include <sys/stat.h>
 #include <unistd.h>
 
 #include <atomic>
+#include <cerrno>
 #include <chrono>
 #include <cstdio>
 #include <cstring>
@@ -249,15 +251,52 @@ TEST_CASE("backup: only a private file of this user is used: never another user'
 	CHECK(open_error(fifo).find("not a regular file (a FIFO)") != std::string::npos);
 }
 
-TEST_CASE("backup: run ids: each start gets a new one and learns the last", "[backup]")
+TEST_CASE("backup: a writer thread that throws fails the backup: no slab is trusted, reads "
+	  "that need it fail at once, writes go on, the file is not marked clean",
+	  "[backup][boundary]")
 {
 	TmpDir d;
-	const std::string path = (d.path / "run").string();
-	uint64_t prev = 99;
-	const uint64_t a = next_run_id(path, prev);
-	CHECK(prev == 0);
-	CHECK(a != 0);
-	const uint64_t b = next_run_id(path, prev);
-	CHECK(prev == a);
-	CHECK(b != a);
+	const std::string path = (d.path / "f").string();
+	// The fault fires at the writer's 3rd entry: it throws once, from the writer thread.
+	std::atomic<int> entries{0};
+	BackupOptions o = options(path, 7, 0);
+	o.queue_bytes = 6 * 64 * 1024; // 2 slots per queue: a full queue waits for the writer
+	o.fault = [&] {
+		if (++entries == 3)
+			throw std::runtime_error("test fault (backup writer)");
+	};
+	{
+		Backup b(o);
+		b.start(true, all, none);
+		const auto data = fill(64 * 1024, 0x5a);
+		for (int i = 0; i < 2; i++)
+			REQUIRE(b.put(0, uint64_t(i) << 16, data.data(), uint32_t(data.size()), soon()) == 0);
+		std::vector<std::byte> got(64 * 1024);
+		REQUIRE(b.read(got.data(), uint32_t(got.size()), 0, soon()) == 0);
+		CHECK(got == data);
+		CHECK(b.trusted(0));
+		CHECK_FALSE(b.broken());
+		// The third entry makes the writer throw.
+		REQUIRE(b.put(1, 2 << 20, data.data(), uint32_t(data.size()), soon()) == 0);
+		const auto t0 = std::chrono::steady_clock::now();
+		while (!b.broken() && std::chrono::steady_clock::now() - t0 < 5s)
+			std::this_thread::sleep_for(1ms);
+		REQUIRE(b.broken());
+		// Every slab distrusted: a read that needs the file fails, at once (not at its
+		// deadline); so does a punch.
+		for (uint64_t s = 0; s < 4; s++)
+			CHECK_FALSE(b.trusted(s));
+		CHECK(b.untrusted_count() == 4);
+		const auto t1 = std::chrono::steady_clock::now();
+		CHECK(b.read(got.data(), uint32_t(got.size()), 0, soon()) == EIO);
+		CHECK(b.punch(0, 1 << 20, soon()) == EIO);
+		// Writes no longer need the file: put() returns at once, even on a queue the dead
+		// writer left full.
+		for (int i = 0; i < 8; i++)
+			CHECK(b.put(2, 3 << 20, data.data(), uint32_t(data.size()), soon()) == 0);
+		CHECK(std::chrono::steady_clock::now() - t1 < 1s);
+	} // (the destructor returns: it does not wait for the dead writer's queue)
+	// Not marked clean: the next run does not trust it.
+	Backup next(options(path, 8, 7));
+	CHECK_FALSE(next.clean());
 }

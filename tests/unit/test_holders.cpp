@@ -1,7 +1,8 @@
 // SPDX-License-Identifier: MIT
 // Unit tests for common/holders (issue 14): the holders record's text and its refusals, the
 // local file (written whole, mode 0600, read back with bounds), its default path and etcd key,
-// and the etcd calls failing within their bound when nothing listens.
+// the etcd calls failing within their bound when nothing listens, and (issue 29) the
+// unreachable times it keeps and the aging that bounds it.
 #include <catch2/catch.hpp>
 
 #include <arpa/inet.h>
@@ -146,6 +147,102 @@ TEST_CASE("holders: the file is written whole, mode 0600, and read back", "[hold
 	const std::string nowhere = dir.path / "no" / "vol.holders";
 	CHECK_THROWS_WITH(write_file(nowhere, "vol", std::vector<Endpoint>{{"h", 1}}),
 			  Catch::Contains(nowhere));
+}
+
+TEST_CASE("holders: unreachable times round trip; a record without them is the old format",
+	  "[holders]")
+{
+	const std::vector<Endpoint> donors{{"b", 2}, {"a", 1}, {"c", 3}};
+	// Times of donors not in the list are left out; none left: the text of before.
+	const Unreachable since{{"a:1", 1700000000}, {"z:9", 5}};
+	const std::string text = record_text("v", donors, since);
+	CHECK(text == R"({"donors":["a:1","b:2","c:3"],"unreachable_since":{"a:1":1700000000},)"
+		      R"("version":1,"volume":"v"})"
+		      "\n");
+	CHECK(record_text("v", donors, Unreachable{{"z:9", 5}}) == record_text("v", donors));
+	std::string why;
+	Unreachable got{{"stale:1", 1}};
+	auto back = parse_record(text, "v", why, &got);
+	REQUIRE(back);
+	CHECK(strs(*back) == std::vector<std::string>{"a:1", "b:2", "c:3"});
+	CHECK(got == Unreachable{{"a:1", 1700000000}});
+	// The old format (no field): no times (a start takes them as "since now"); cleared.
+	back = parse_record(record_text("v", donors), "v", why, &got);
+	REQUIRE(back);
+	CHECK(got.empty());
+	// Written by another hand: a time of a donor not listed is dropped.
+	back = parse_record(R"({"version":1,"volume":"v","donors":["a:1"],)"
+			    R"("unreachable_since":{"a:1":7,"b:2":8}})",
+			    "v", why, &got);
+	REQUIRE(back);
+	CHECK(got == Unreachable{{"a:1", 7}});
+	// Refused: not an object, a time that is not a non-negative integer.
+	const auto refused = [&](std::string_view t, std::string_view expect) {
+		INFO(t);
+		why.clear();
+		CHECK_FALSE(parse_record(t, "v", why, &got));
+		CHECK_THAT(why, Catch::Contains(std::string(expect)));
+	};
+	refused(R"({"version":1,"volume":"v","donors":["a:1"],"unreachable_since":[]})",
+		"\"unreachable_since\" is not an object");
+	refused(R"({"version":1,"volume":"v","donors":["a:1"],"unreachable_since":{"a:1":-1}})",
+		"of a:1 is not an integer");
+	refused(R"({"version":1,"volume":"v","donors":["a:1"],"unreachable_since":{"a:1":"7"}})",
+		"of a:1 is not an integer");
+	// The file keeps them too.
+	TempDir dir;
+	const std::string path = dir.path / "v.holders";
+	write_file(path, "v", donors, since);
+	got.clear();
+	back = read_file(path, "v", &got);
+	REQUIRE(back);
+	CHECK(got == Unreachable{{"a:1", 1700000000}});
+}
+
+TEST_CASE("holders: a start keeps the donors it reached and ages out the others after the "
+	  "lease (at once with lease 0), at most a cap of them",
+	  "[holders]")
+{
+	const int64_t now = 1'800'000'000;
+	const std::vector<Endpoint> recorded{{"d1", 1}, {"d2", 1}, {"d3", 1}, {"live", 1}};
+	const std::vector<Endpoint> reached{{"live", 1}, {"new", 1}};
+	// d1 unreachable since 100 s ago, d2 since 61 s ago, d3 has no time (an old record, or
+	// first found unreachable now).
+	const Unreachable since{{"d1:1", now - 100}, {"d2:1", now - 61}, {"live:1", now - 500}};
+	AgedRecord a = age_record(recorded, reached, since, now, 60, 32);
+	CHECK(strs(a.donors) == std::vector<std::string>{"d3:1", "live:1", "new:1"});
+	// The reached donor's time is cleared; d3's starts now.
+	CHECK(a.unreachable == Unreachable{{"d3:1", now}});
+	CHECK(a.dropped_lease == 2);
+	CHECK(a.dropped_cap == 0);
+	// Exactly the lease: kept (dropped only once longer than the lease), its time unchanged.
+	a = age_record(recorded, reached, Unreachable{{"d1:1", now - 60}}, now, 60, 32);
+	CHECK(strs(a.donors) == std::vector<std::string>{"d1:1", "d2:1", "d3:1", "live:1", "new:1"});
+	CHECK(a.unreachable ==
+	      Unreachable{{"d1:1", now - 60}, {"d2:1", now}, {"d3:1", now}});
+	// A start 1 s later, with the record this one stored: d1 (unreachable for 61 s) goes,
+	// d2 and d3 stay; 61 s after their times they go too.
+	a = age_record(a.donors, reached, a.unreachable, now + 1, 60, 32);
+	CHECK(strs(a.donors) == std::vector<std::string>{"d2:1", "d3:1", "live:1", "new:1"});
+	a = age_record(a.donors, reached, a.unreachable, now + 61, 60, 32);
+	CHECK(strs(a.donors) == std::vector<std::string>{"live:1", "new:1"});
+	CHECK(a.unreachable.empty());
+	CHECK(a.dropped_lease == 2);
+	// lease 0: every donor not reached now goes at once.
+	a = age_record(recorded, reached, {}, now, 0, 32);
+	CHECK(strs(a.donors) == std::vector<std::string>{"live:1", "new:1"});
+	CHECK(a.dropped_lease == 3);
+	CHECK(a.unreachable.empty());
+	// The cap: at most 2 unreachable donors kept, the first by name.
+	a = age_record(recorded, reached, {}, now, 60, 2);
+	CHECK(strs(a.donors) == std::vector<std::string>{"d1:1", "d2:1", "live:1", "new:1"});
+	CHECK(a.dropped_cap == 1);
+	// A clock set back (a time in the future): kept, as unreachable since now.
+	a = age_record(recorded, reached, Unreachable{{"d1:1", now + 1000}}, now, 60, 32);
+	CHECK(a.unreachable.at("d1:1") == now);
+	// A donor reached that was not recorded, and a record naming nothing reached: fine.
+	a = age_record({}, reached, {}, now, 60, 32);
+	CHECK(strs(a.donors) == std::vector<std::string>{"live:1", "new:1"});
 }
 
 TEST_CASE("holders: the default path and the etcd key escape the volume name", "[holders]")

@@ -1,7 +1,8 @@
 // SPDX-License-Identifier: MIT
 // Unit tests for the memserver's metrics endpoint (memserver/metrics_http.h): --metrics-listen
 // parsing, GET /metrics answered with what `render` returns, other paths and methods refused,
-// and a port in use reported with its cause.
+// a port in use reported with its cause, and a render that throws answered 500 (the request
+// handler is an exception boundary: the library's thread serves on).
 #include <catch2/catch.hpp>
 
 #include <arpa/inet.h>
@@ -82,6 +83,22 @@ TEST_CASE("metrics server: GET /metrics renders, other paths and methods do not"
 	CHECK(status(http(srv.port(), "POST /metrics HTTP/1.0\r\nContent-Length: 0\r\n\r\n")) ==
 	      "405");
 	CHECK(calls == 1);
+}
+
+TEST_CASE("metrics server: a render that throws is answered 500; the next GET is served",
+	  "[metrics][boundary]")
+{
+	std::atomic<int> calls{0};
+	MetricsServer srv(*parse_listen_addr("127.0.0.1:0"), [&calls]() -> std::string {
+		if (++calls == 1)
+			throw std::out_of_range("test fault");
+		return "x 1\n";
+	});
+	CHECK(status(http(srv.port(), "GET /metrics HTTP/1.0\r\n\r\n")) == "500");
+	const std::string ok = http(srv.port(), "GET /metrics HTTP/1.0\r\n\r\n");
+	CHECK(status(ok) == "200");
+	CHECK(ok.find("\r\n\r\nx 1\n") != std::string::npos);
+	CHECK(calls == 2);
 }
 
 TEST_CASE("metrics server: a port in use is an error that says so", "[metrics]")
