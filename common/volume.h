@@ -231,14 +231,21 @@ public:
 	// Called (on whichever thread places a slab: an nbdkit worker or the repair thread,
 	// with no lock held) when no donor inside the set could take a replica: `fn(arg)` must
 	// only wake someone (Membership::wake), never wait or allocate. Set once before the
-	// volume serves, or later: the pair is published atomically; null: none.
+	// volume serves, or later: the pair is published atomically; null: none. Once
+	// set_need_donor_hook(nullptr) returns, no call of the old hook runs any more (its owner
+	// may be destroyed): it waits out a call in progress (a few instructions: a lock and a
+	// notify), which calls count in need_donor_calls_ (seq_cst on both sides, so either the
+	// call sees null or the setter sees the call).
 	struct NeedDonorHook {
 		void (*fn)(void *) = nullptr;
 		void *arg = nullptr;
 	};
 	void set_need_donor_hook(const NeedDonorHook *hook)
 	{
-		need_donor_.store(hook, std::memory_order_release);
+		need_donor_.store(hook, std::memory_order_seq_cst);
+		if (!hook)
+			while (need_donor_calls_.load(std::memory_order_seq_cst) != 0)
+				std::this_thread::yield();
 	}
 	// The hook's owner finished a pass over the donors (it may have added or changed some):
 	// wakes allocations waiting for a donor with room (grant()).
@@ -548,6 +555,7 @@ private:
 	std::minstd_rand rng_;
 	std::unique_ptr<DonorLoad[]> place_loads_; // max_servers_, under place_mu_
 	std::atomic<const NeedDonorHook *> need_donor_{nullptr};
+	std::atomic<unsigned> need_donor_calls_{0}; // calls of the hook in progress
 	void need_donor(); // call the hook, if any
 	// An allocation that found no donor with room, with a need-donor hook set, waits once
 	// (up to `timeout`) for the hook's owner to finish a pass: `seen` is donors_epoch_ as

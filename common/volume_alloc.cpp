@@ -83,7 +83,14 @@ bool Volume::wait_for_donors(uint64_t seen)
 
 void Volume::need_donor()
 {
-	if (const NeedDonorHook *h = need_donor_.load(std::memory_order_acquire); h && h->fn)
+	struct Call { // counted while it runs, however it ends
+		std::atomic<unsigned> &n;
+		explicit Call(std::atomic<unsigned> &c) : n(c) { n.fetch_add(1, std::memory_order_seq_cst); }
+		~Call() { n.fetch_sub(1, std::memory_order_seq_cst); }
+		Call(const Call &) = delete;
+		Call &operator=(const Call &) = delete;
+	} call(need_donor_calls_);
+	if (const NeedDonorHook *h = need_donor_.load(std::memory_order_seq_cst); h && h->fn)
 		h->fn(h->arg);
 }
 

@@ -55,7 +55,15 @@ if (((0x${capeff:-0} >> 23) & 1)); then # CAP_SYS_NICE
     policies=$(for st in /proc/"$NBDKIT_PID"/task/*/stat; do
         sed 's/^\([0-9]*\) .*) /\1 /' "$st" | awk '{ print $40 }'; done | sort | uniq -c | tr '\n' ' ')
     log "nbdkit thread policies (count policy): $policies"
-    [[ $policies =~ ^\ *[0-9]+\ 2\ $ ]] || fail "realtime=1 (default): nbdkit threads not all SCHED_RR: $policies"
+    # (Under ThreadSanitizer one thread may not be: its own background thread, which it starts
+    # at the process's first pthread_create, the start-up probes' in get_ready, before
+    # after_fork sets the priority that later threads inherit.)
+    if [[ ${RDMASWAP_SANITIZER:-} == thread ]]; then
+        [[ $policies =~ ^(\ *1\ 0)?\ *[0-9]+\ 2\ $ ]] ||
+            fail "realtime=1 (default): nbdkit threads not all SCHED_RR (TSan's aside): $policies"
+    else
+        [[ $policies =~ ^\ *[0-9]+\ 2\ $ ]] || fail "realtime=1 (default): nbdkit threads not all SCHED_RR: $policies"
+    fi
 else
     log "no CAP_SYS_NICE: realtime=1 cannot take effect here, not checked"
 fi

@@ -74,6 +74,9 @@ stop_nbdkit_clean
 
 # Without donor-ca= the plugin warns that donors are not authenticated.
 start_nbdkit open -- server="127.0.0.1:$U_PORT" size=4M
+# (A request first: a SIGTERM while the start still runs would fail the start, exit 1.)
+nbdsh_run -u "$NBDKIT_URI" -c 'assert h.pread(4096, 0) == bytes(4096)' ||
+    fail "the plugin without donor-ca= does not serve"
 grep -q 'donors are not authenticated: any cluster-key holder can be a donor' "$NBDKIT_LOG" ||
     fail "no warning without donor-ca="
 stop_nbdkit_clean

@@ -42,9 +42,16 @@ a_addr=$MEMSERVER_ADDR a_port=$MEMSERVER_PORT
 wait_until 10 "registration of $a_addr" registered "$a_addr"
 log "etcd: $(ectl get --prefix --keys-only "${prefix}donors/" | grep -c .) keys under ${prefix}donors/"
 
+# ThreadSanitizer slows the plugin 5-15 times: its listing of ~29 MB needs a longer timeout=,
+# and a watch change more CPU (the bound still tells one change from a relist of everything).
+plugin_timeout=3 cpu_max_ms=100
+if [[ ${RDMASWAP_SANITIZER:-} == thread ]]; then
+    plugin_timeout=15 cpu_max_ms=1000
+fi
+
 # ---- 1. The start ----
 t0=$(date +%s.%N)
-start_nbdkit junk -- etcd="$ETCD_ENDPOINTS" etcd-prefix="$prefix" size=16M replicas=1 timeout=3 \
+start_nbdkit junk -- etcd="$ETCD_ENDPOINTS" etcd-prefix="$prefix" size=16M replicas=1 timeout=$plugin_timeout \
     lease=0 statusfile="$tmpdir/status"
 t1=$(date +%s.%N)
 wait_until 10 "donor $a_addr in use" donor_is "$a_addr" ok
@@ -59,14 +66,21 @@ log "start took $(awk "BEGIN{printf \"%.1f\", $t1 - $t0}") s with 4417 junk entr
 # ---- 2. Watch changes ----
 hz=$(getconf CLK_TCK)
 ticks0=$(cpu_ticks "$NBDKIT_PID") hwm0=$(proc_kb "$NBDKIT_PID" VmHWM)
+listings0=$(stat_get etcd_listings)
 junk touch 10 || fail "cannot change the junk registration"
 sleep 3 # (the changes are applied and the steps they woke have run)
 ticks1=$(cpu_ticks "$NBDKIT_PID") hwm1=$(proc_kb "$NBDKIT_PID" VmHWM)
+listings1=$(stat_get etcd_listings)
+# Each change applied by itself: no listing of the whole prefix (the plugin's own count).
+[[ $listings1 == "$listings0" ]] || fail "10 watch changes made the plugin list etcd again ($listings0 -> $listings1 listings)"
 per_change_ms=$(((ticks1 - ticks0) * 1000 / hz / 10))
 hwm_growth_kb=$((hwm1 - hwm0))
 log "10 watch changes: $per_change_ms ms of CPU per change (3 s of background work included), peak memory +$hwm_growth_kb kB"
-((per_change_ms <= 100)) || fail "a watch change cost $per_change_ms ms of CPU"
-((hwm_growth_kb <= 16384)) || fail "10 watch changes raised the peak memory by $hwm_growth_kb kB"
+((per_change_ms <= cpu_max_ms)) || fail "a watch change cost $per_change_ms ms of CPU (at most $cpu_max_ms)"
+# (A listing of the junk raised it by ~59 MB; a membership step that the changes wake may
+# probe donors on short-lived threads, whose stacks and malloc arenas are locked like all of
+# nbdkit's memory: seen up to +34 MB.)
+((hwm_growth_kb <= 49152)) || fail "10 watch changes raised the peak memory by $hwm_growth_kb kB"
 
 # ---- 3. A donor registered now is used ----
 start_memserver 32M 1M "${reg_args[@]}"

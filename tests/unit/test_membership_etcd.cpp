@@ -322,7 +322,7 @@ TEST_CASE("probe_all: in parallel, under one deadline", "[membership][probe]")
 		auto out = probe_all(targets, probe, t0 + 300ms, 16);
 		const auto took = ProbeClock::now() - t0;
 		CHECK(took >= 300ms);
-		CHECK(took < 1500ms); // (not 12 x 300 ms)
+		CHECK(took < 2500ms); // (not 12 x 300 ms; slack for sanitizer builds, loaded hosts)
 		REQUIRE(out.size() == targets.size());
 		for (size_t i = 0; i < 12; i++)
 			CHECK(out[i].state == ProbeOutcome::State::Failed);
