@@ -297,8 +297,17 @@ start_nbdkit() {
     NBDKIT_LOG="$tmpdir/nbdkit-$name.log"
     local pidfile="$tmpdir/$name.pid"
     rm -f "$NBDKIT_SOCK" "$pidfile"
-    nbdkit -f -U "$NBDKIT_SOCK" -P "$pidfile" "${nbdkit_args[@]}" "$plugin" "$@" \
-        </dev/null >"$NBDKIT_LOG" 2>&1 &
+    # Under ASan, LeakSanitizer's own tracer crashes (signal 11 in the tracer, "LeakSanitizer
+    # has encountered a fatal error"; no leak or memory error report) at the exit of an nbdkit
+    # whose plugin used etcd= (test-etcd-restarts, test-etcd-holders-dead); the cause is not
+    # understood yet. Leak checking is off for those nbdkit processes only; ASan's memory
+    # checks stay on, and every other nbdkit (and every memserver) is leak-checked.
+    local asan_options=${ASAN_OPTIONS:-}
+    if [[ -n $asan_options && " $* " == *" etcd="* ]]; then
+        asan_options="$asan_options:detect_leaks=0"
+    fi
+    ASAN_OPTIONS=$asan_options nbdkit -f -U "$NBDKIT_SOCK" -P "$pidfile" "${nbdkit_args[@]}" \
+        "$plugin" "$@" </dev/null >"$NBDKIT_LOG" 2>&1 &
     NBDKIT_PID=$!
     cleanup_pid "$NBDKIT_PID"
     deadline=$((SECONDS + 30))

@@ -129,13 +129,8 @@ stop_nbdkit_clean
 
 # ---- 4. lease=0: the donors not contacted leave the record ----
 rm -f "$tmpdir/status"
-# (-v: the drop is an info line.) Under ASan, LeakSanitizer's own tracer crashes at this
-# nbdkit's exit (signal 11 in the tracer, "LeakSanitizer has encountered a fatal error"; not a
-# leak or memory error report, and not at the three exits above): leak checking is off for this
-# one start until that is understood (the closing note of issue 29's work says so); ASan's
-# memory checks stay on.
-ASAN_OPTIONS="${ASAN_OPTIONS:+$ASAN_OPTIONS:}detect_leaks=0" \
-    start_nbdkit third -v -- "${plugin_args[@]}" lease=0
+# (-v: the drop is an info line.)
+start_nbdkit third -v -- "${plugin_args[@]}" lease=0
 # (A full donor may be outside the donor set: connected for the slabs it holds.)
 in_use() { donor_is "$1" ok || donor_is "$1" outside; }
 for a in "${new_addrs[@]}" "$c_addr"; do wait_until 10 "donor $a in use" in_use "$a"; done
