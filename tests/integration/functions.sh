@@ -85,7 +85,8 @@ export STATE_DIRECTORY="$tmpdir/state"
 # nbdsh, nbdcopy and fio must not get it), whoever starts nbdkit (start_nbdkit, or a test running
 # `timeout 20 nbdkit ...`). Sanitizer reports of every process go to $tmpdir/sanitizer.PID,
 # which cleanup turns into a failure; leaks that nbdkit's own code allocated are not counted
-# (sanitizer-reports.py), leaks in ours are.
+# (sanitizer-reports.py), leaks in ours are (in the memserver and tools: nbdkit itself runs
+# without leak checking for now, see the wrapper below).
 # Under ThreadSanitizer the wrapper also drops nbdkit's --swap (a test-only opt-out, see
 # docs/security.md "Fuzzing and sanitizers"): mlockall(MCL_FUTURE) in a process whose TSan
 # runtime is not yet loaded makes TSan's shadow mappings (terabytes of address space) locked,
