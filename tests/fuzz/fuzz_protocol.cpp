@@ -255,6 +255,11 @@ void decode_as(const Header &h, Bytes body)
 			decode_roundtrip(b, fixed, req);
 			break;
 		}
+		case Op::DonorProof: {
+			DonorProofRequest req;
+			decode_roundtrip(b, fixed, req);
+			break;
+		}
 		case Op::Hello: {
 			HelloRequest req;
 			decode_roundtrip(b, fixed, req);
@@ -316,6 +321,11 @@ void decode_as(const Header &h, Bytes body)
 	}
 	if (h.op == Op::Read) {
 		FUZZ_CHECK(h.body_len <= kMaxIo);
+		return;
+	}
+	if (h.op == Op::DonorProof) { // a certificate and a signature: variable length, bounded
+		FUZZ_CHECK(h.body_len >= size_t(reply_body_size(h.op)) &&
+			   h.body_len <= kMaxDonorProofReply);
 		return;
 	}
 	if (h.op != Op::List && h.op != Op::Wanted && h.op != Op::VolumeList)
