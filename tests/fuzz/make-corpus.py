@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
 # SPDX-License-Identifier: MIT
 # Write the seed corpora of the fuzz targets (tests/fuzz/corpus/<target>/): a valid request and
-# reply of every protocol op, an error reply, a LIST reply, and the sizes, endpoints and
-# transport names the docs show. The files are committed; rerun this only to change the seeds:
+# reply of every protocol op, an error reply, a LIST reply, donor certificates and revocation
+# lists (valid, expired, forged), and the sizes, endpoints and transport names the docs show. The files are committed; rerun this only to change the seeds:
 #   python3 tests/fuzz/make-corpus.py
 # (Regression inputs for fixed findings are committed next to them by hand, named after the bug.)
 import os
@@ -100,6 +100,45 @@ for name, data in requests.items():
     write("fuzz-protocol", "req-" + name, data)
 for name, data in replies.items():
     write("fuzz-protocol", "reply-" + name, data)
+
+# Donor certificates and revocation lists (common/donor_cert.h), signed by a seed CA so that
+# the fuzzer's signature, validity and bit-flip checks run; and addresses as certificates write
+# them.
+ca = w.VolumeKey(b"seed donor CA secret, 32 bytes!", "seed-ca")
+donor = w.VolumeKey(b"seed donor secret, 32 bytes!!!!", "seed-donor")
+
+
+def cert(serial, not_before, not_after, name, addresses, signer=ca):
+    body = (b"RSDC" + bytes([1, 0]) + struct.pack("<Qqq", serial, not_before, not_after) +
+            ca.public + donor.public + bytes([len(name)]) + name.encode() +
+            bytes([len(addresses)]) +
+            b"".join(bytes([len(a)]) + a.encode() for a in addresses))
+    return body + signer.sign(b"rdmaswap-donor-cert-v1" + body)
+
+
+def crl(issued, serials, signer=ca):
+    body = (b"RSDR" + bytes([1, 0]) + ca.public + struct.pack("<qI", issued, len(serials)) +
+            b"".join(struct.pack("<Q", s) for s in serials))
+    return body + signer.sign(b"rdmaswap-donor-crl-v1" + body)
+
+
+donor_seeds = {
+    "cert-one": cert(1, 1700000000, 4102444800, "donor1", ["10.0.0.2:7471"]),
+    "cert-v6": cert(0x7FFFFFFFFFFFFFFF, 0, 1, "d", ["[fe80::1]:1", "127.0.0.1:65535"]),
+    "cert-many": cert(42, -(1 << 63), (1 << 63) - 1, "x" * 64,
+                      ["10.0.0.%d:%d" % (i, 7000 + i) for i in range(16)]),
+    "cert-expired": cert(7, 1000, 2000, "old", ["192.168.1.1:7471"]),
+    "cert-forged": cert(9, 0, 4102444800, "forged", ["10.0.0.9:7471"], signer=donor),
+    "crl-empty": crl(1700000000, []),
+    "crl-some": crl(1700000001, [1, 2, 3, 10, 0xFFFFFFFFFFFFFFFE]),
+    "crl-edges": crl(-1, [0, 1, 0xFFFFFFFFFFFFFFFF]),
+    "crl-forged": crl(1700000002, [5], signer=donor),
+    "addr-v4": b"10.0.0.2:7471",
+    "addr-v6": b"[2001:db8::1]:7471",
+    "addr-v4-noport": b"127.0.0.1",
+}
+for name, data in donor_seeds.items():
+    write("fuzz-donor-cert", name, data)
 
 config = {
     "size-plain": "4096", "size-k": "64K", "size-m": "256M", "size-gib": "4GiB",
