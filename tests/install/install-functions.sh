@@ -5,7 +5,8 @@
 #   source "$(dirname "$0")/install-functions.sh"
 # install_destdir installs the build (as built: --no-rebuild) under $tmpdir/dest and sets
 # DEST and the installed directories (as the running system would see them, without $DEST):
-# PREFIX BINDIR SBINDIR LIBEXECDIR MANDIR DATADIR SYSCONFDIR UNITDIR PLUGINDIR EXAMPLEDIR.
+# PREFIX BINDIR SBINDIR LIBEXECDIR MANDIR DATADIR SYSCONFDIR UNITDIR SYSUSERSDIR PLUGINDIR
+# EXAMPLEDIR.
 source "$(dirname "${BASH_SOURCE[0]}")/../integration/functions.sh"
 
 install_destdir() {
@@ -25,6 +26,8 @@ print("PREFIX=%s" % p)') || fail "meson introspect --buildoptions failed"
     eval "$opts"
     UNITDIR=$(pkg-config --variable=systemdsystemunitdir systemd 2>/dev/null || true)
     [[ -n $UNITDIR ]] || UNITDIR=$PREFIX/lib/systemd/system
+    SYSUSERSDIR=$(pkg-config --variable=sysusersdir systemd 2>/dev/null || true)
+    [[ -n $SYSUSERSDIR ]] || SYSUSERSDIR=$PREFIX/lib/sysusers.d
     PLUGINDIR=$(pkg-config --variable=plugindir nbdkit) || fail "pkg-config nbdkit failed"
     EXAMPLEDIR=$DATADIR/doc/rdmaswap/examples
     log "installed under $DEST (prefix $PREFIX, units in $UNITDIR, plugin in $PLUGINDIR)"

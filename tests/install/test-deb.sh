@@ -165,6 +165,8 @@ done
 while read -r f; do
     [[ -e $f ]] || fail "installed, but missing: $f"
 done <"$files"
+# The memserver's system user (its unit's User=rdmaswap), made by the postinst; kept on purge.
+getent passwd rdmaswap >/dev/null || fail "the installation made no user rdmaswap"
 conffiles=$(dpkg-query -W -f '${Conffiles}\n' "${pkgs[@]}" | awk 'NF {print $1}' | sort)
 [[ $conffiles == $'/etc/default/rdmaswap-memserver\n/etc/rdmaswap/compute.conf' ]] ||
     fail "conffiles are not the two config files:"$'\n'"$conffiles"

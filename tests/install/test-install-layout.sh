@@ -20,6 +20,7 @@ expect=(
     "$UNITDIR/rdmaswap-memserver.service"
     "$UNITDIR/rdmaswap-nbdkit.service"
     "$UNITDIR/rdmaswap-swap.service"
+    "$SYSUSERSDIR/rdmaswap-memserver.conf"
     "$EXAMPLEDIR/compute.conf"
     "$EXAMPLEDIR/rdmaswap-memserver.default"
     "$MANDIR/man1/nbdkit-rdmaswap-plugin.1"

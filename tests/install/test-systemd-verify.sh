@@ -13,7 +13,7 @@ install_destdir
 units=$tmpdir/units
 mkdir "$units"
 for u in rdmaswap-memserver.service rdmaswap-nbdkit.service rdmaswap-swap.service; do
-    sed -E -e "/^Exec/s#=($SBINDIR|$LIBEXECDIR)/#=$DEST\1/#" "$DEST$UNITDIR/$u" >"$units/$u"
+    sed -E -e "/^Exec/s#=([-+!@:]*)($SBINDIR|$LIBEXECDIR)/#=\1$DEST\2/#" "$DEST$UNITDIR/$u" >"$units/$u"
 done
 grep -h '^Exec' "$units"/*.service >&2
 
@@ -40,13 +40,18 @@ has rdmaswap-memserver.service "LimitMEMLOCK=infinity"
 has rdmaswap-memserver.service "OOMScoreAdjust=-1000"
 has rdmaswap-memserver.service "Restart=on-failure"
 has rdmaswap-memserver.service "After=network-online.target rdma-hw.target"
+# Least privilege (issue 26): its own user, one capability (test-unit-security.sh scores the rest).
+has rdmaswap-memserver.service "User=rdmaswap"
+has rdmaswap-memserver.service "CapabilityBoundingSet=CAP_IPC_LOCK"
+has rdmaswap-memserver.service "AmbientCapabilities=CAP_IPC_LOCK"
 has rdmaswap-nbdkit.service "LimitMEMLOCK=infinity"
 has rdmaswap-nbdkit.service "OOMScoreAdjust=-1000"
 has rdmaswap-nbdkit.service "RuntimeDirectory=rdmaswap"
 # nbdkit is restarted when it fails, and reconnects the swap device once ready.
 has rdmaswap-nbdkit.service "Restart=on-failure"
 has rdmaswap-nbdkit.service "ExecStartPost=$DEST$LIBEXECDIR/rdmaswap-compute wait-ready"
-has rdmaswap-nbdkit.service "ExecStartPost=$DEST$LIBEXECDIR/rdmaswap-compute reconnect"
+# (reconnect outside the sandbox: it needs CAP_SYS_ADMIN and /dev/nbdN, which nbdkit is denied)
+has rdmaswap-nbdkit.service "ExecStartPost=+$DEST$LIBEXECDIR/rdmaswap-compute reconnect"
 [[ $(grep '^ExecStartPost=' "$units/rdmaswap-nbdkit.service" | tail -n 1) == *" reconnect" ]] ||
     fail "rdmaswap-nbdkit.service: reconnect is not the last ExecStartPost (after wait-ready)"
 # swapoff before nbdkit stops: the swap unit is ordered after nbdkit (so it stops first when

@@ -1,16 +1,19 @@
 // SPDX-License-Identifier: MIT
 // Unit tests for the memserver's metrics endpoint (memserver/metrics_http.h): --metrics-listen
 // parsing, GET /metrics answered with what `render` returns, other paths and methods refused,
-// a port in use reported with its cause, and a render that throws answered 500 (the request
-// handler is an exception boundary: the library's thread serves on).
+// a port in use reported with its cause, a render that throws answered 500 (the request
+// handler is an exception boundary: the library's thread serves on), and a request trickled
+// a byte at a time cut at the request deadline (issue 26, S12).
 #include <catch2/catch.hpp>
 
 #include <arpa/inet.h>
 #include <netinet/in.h>
+#include <poll.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
 #include <atomic>
+#include <chrono>
 #include <stdexcept>
 #include <string>
 
@@ -112,4 +115,36 @@ TEST_CASE("metrics server: a port in use is an error that says so", "[metrics]")
 		CHECK(std::string(e.what()) ==
 		      "--metrics-listen: cannot listen on " + same.str() + ": Address already in use");
 	}
+}
+
+TEST_CASE("metrics server: a request trickled a byte at a time is cut at the deadline",
+	  "[metrics]")
+{
+	MetricsServer srv(*parse_listen_addr("127.0.0.1:0"), [] { return std::string("x 1\n"); });
+	Fd fd(::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0));
+	REQUIRE(fd);
+	sockaddr_in sa{};
+	sa.sin_family = AF_INET;
+	sa.sin_port = htons(srv.port());
+	sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+	REQUIRE(::connect(fd.get(), reinterpret_cast<sockaddr *>(&sa), sizeof sa) == 0);
+	const auto start = std::chrono::steady_clock::now();
+	const auto limit = start + MetricsServer::kRequestDeadline + std::chrono::seconds(3);
+	bool cut = false;
+	// One byte every 100 ms (each would restart an idle timeout), never a whole request.
+	while (!cut && std::chrono::steady_clock::now() < limit) {
+		if (::send(fd.get(), "G", 1, MSG_NOSIGNAL) != 1)
+			break;
+		pollfd p{fd.get(), POLLIN, 0};
+		char c;
+		if (::poll(&p, 1, 100) == 1 && ::recv(fd.get(), &c, 1, MSG_DONTWAIT) <= 0)
+			cut = true;
+	}
+	const auto took = std::chrono::steady_clock::now() - start;
+	CHECK(cut);
+	CHECK(took >= MetricsServer::kRequestDeadline - std::chrono::milliseconds(100));
+	CHECK(took < MetricsServer::kRequestDeadline + std::chrono::seconds(1));
+	CHECK(srv.deadlines_hit() == 1);
+	// The server serves on.
+	CHECK(status(http(srv.port(), "GET /metrics HTTP/1.0\r\n\r\n")) == "200");
 }
