@@ -110,6 +110,8 @@ Membership::StartPlan Membership::plan_start(unsigned spread,
 		for (size_t k : choose_start_members(spread, loads, seeds))
 			member[k] = true;
 	}
+	const bool set_full =
+		spread > 0 && size_t(std::count(member.begin(), member.end(), true)) >= spread;
 	std::vector<size_t> fresh;
 	for (size_t k = 0; k < n; k++) {
 		if (!member[k] || conn[k])
@@ -137,7 +139,9 @@ Membership::StartPlan Membership::plan_start(unsigned spread,
 				conn[k].reset();
 			continue;
 		}
-		if (!member[k] && !conn[k]->reattached()) {
+		// Left out of a set that has room: it is full (slabs are lazy: a start needs none),
+		// kept outside the set so that a full donor never stops a start (issue 26, S8).
+		if (!member[k] && !conn[k]->reattached() && set_full) {
 			plan.missing++; // handed back nothing: dropped (it holds nothing of ours now)
 			conn[k].reset();
 			continue;

@@ -90,6 +90,10 @@ void RemoteServer::bind_volume()
 						  : err == ERANGE
 							  ? "the memserver's --max-lease refused lease=" +
 								    std::to_string(opts_.lease_s)
+						  : err == EUSERS
+							  ? std::string("the memserver's --max-peer-owners "
+									"refused another volume key from "
+									"this address (EUSERS)")
 							  : connect_error_text(err)));
 		}
 		log->debug("memserver {}: volume {} busy, retrying", name_, opts_.volume);

@@ -164,6 +164,8 @@ Memserver::Next Memserver::Handlers::hello(Memserver &m, Request &r)
 			return reply(m, r, EUSERS);
 		}
 		cr = m.sessions_.create(req.want_rdma, c.auth.attach_key());
+		// Counted to its address until it binds a volume (then to the volume's key).
+		m.pool_.assign(cr.id, address_owner(c.addr));
 		m.peers_.own_session(c.addr, cr.id);
 		m.sessions_.set_peer(cr.id, c.peer);
 		m.session_info(c.addr, "{}: new session {:016x}{}", c.peer, cr.id,
@@ -202,15 +204,26 @@ Memserver::Next Memserver::Handlers::alloc(Memserver &m, Request &r)
 	if (tagged && !decode(r, tag))
 		return Next::Malformed;
 	const uint64_t session = r.session();
-	const auto id = m.pool_.allocate(session);
-	if (!id)
+	bool over_quota = false;
+	const auto id = m.pool_.allocate(session, &over_quota);
+	if (!id) {
+		// Over its owner's quota: ENOSPC as for a full donor, which the plugin answers by
+		// placing the slab on another donor (EDQUOT would make it count this one failed).
+		if (over_quota)
+			m.warn_peer(PeerEvent::Limit,
+				    fmt::format("{}: ALLOC refused (ENOSPC): {} holds {} slabs, its "
+						"quota (--max-owner-share, --max-owner-slabs)",
+						r.c.peer, m.pool_.owner_name(session),
+						m.pool_.owner_held(session)));
 		return reply(m, r, ENOSPC);
+	}
 	if (tagged)
 		m.pool_.set_tag(*id, session, {tag.chunk, tag.epoch});
 	proto::AllocReply out;
 	out.slab_id = *id;
 	out.length = m.pool_.slab_size();
-	out.slabs_free = m.pool_.slabs_free();
+	// What this client may still take here: the free slabs, or fewer if its quota is nearer.
+	out.slabs_free = std::min(m.pool_.slabs_free(), m.pool_.owner_left(session));
 	if (m.rdma_ && m.sessions_.wants_rdma(session)) {
 		if (int e = m.rdma_->expose_slab(session, *id, out.addr, out.rkey)) {
 			m.pool_.release(*id, session);
@@ -279,6 +292,26 @@ Memserver::Next Memserver::Handlers::bind(Memserver &m, Request &r)
 	// of either kind never matches (no takeover, no planting).
 	const std::string scoped =
 		fmt::format("{:016x}/{}/{}", r.c.auth.key_id(), name, hex(req.pubkey));
+	// Its quota owner from now on: the volume key. Volume keys are free to mint, so one
+	// address binds at most --max-peer-owners distinct ones per period.
+	const std::string qowner = key_owner(hex(req.pubkey));
+	if (!m.owner_window_.admit(r.c.addr, qowner, OwnerWindow::Clock::now())) {
+		m.warn_peer(PeerEvent::Limit,
+			    fmt::format("{}: BIND of volume {} refused (EUSERS): {} has bound {} "
+					"other volume keys in the last {} s (--max-peer-owners)",
+					r.c.peer, name, r.c.addr.str(), m.owner_window_.max(),
+					m.owner_window_.period().count()));
+		return reply(m, r, EUSERS);
+	}
+	// Slabs it took before binding move to the volume key's count (below): not beyond its
+	// quota.
+	if (m.pool_.check_assign(session, qowner) == EDQUOT) {
+		m.warn_peer(PeerEvent::Limit,
+			    fmt::format("{}: BIND of volume {} refused (EDQUOT): the session's slabs "
+					"would put {} over its quota",
+					r.c.peer, name, qowner));
+		return reply(m, r, EDQUOT);
+	}
 	const Bound b = m.bind_volume(session, scoped, name, req.lease_s);
 	if (b.bind.err == EBUSY) {
 		log->warn("{}: volume {} refused: session of {} still has live connections "
@@ -288,6 +321,9 @@ Memserver::Next Memserver::Handlers::bind(Memserver &m, Request &r)
 	}
 	if (b.bind.err)
 		return reply(m, r, uint32_t(b.bind.err));
+	// Bound: the volume key's session from now on (with the slabs of a session it took
+	// over: they were the same key's already).
+	m.pool_.assign(session, qowner, true);
 	proto::BindReply out;
 	if (b.bind.took_over) {
 		out.reattached = 1;

@@ -149,6 +149,16 @@ int run(int argc, char **argv)
 		       "is refused (default 86400)");
 	app.add_option("--max-floors", opts.max_floors,
 		       "epoch floors per session; more are refused (default 65536)");
+	app.add_option("--max-owner-share", opts.max_owner_share,
+		       "percent of the slabs one owner (a volume key) may hold; more ALLOCs are "
+		       "refused with ENOSPC (default 100: no quota; set it on donors that "
+		       "several hosts share)");
+	app.add_option("--max-owner-slabs", opts.max_owner_slabs,
+		       "slabs one owner (a volume key) may hold at most (default 0: only "
+		       "--max-owner-share applies)");
+	app.add_option("--max-peer-owners", opts.max_peer_owners,
+		       "distinct volume keys one address may bind within the last --max-lease "
+		       "(at least an hour); more BINDs are refused with EUSERS (default 16)");
 	app.add_option("--max-peer-sessions", opts.max_peer_sessions,
 		       "sessions (live or detached) created from one address; more are refused "
 		       "(default 64)");
@@ -237,6 +247,11 @@ int run(int argc, char **argv)
 	}
 	if (opts.threads > 256 || opts.workers == 0 || opts.workers > 256) {
 		log->error("--threads must be 0 (one per CPU) to 256, --workers 1 to 256");
+		return 2;
+	}
+	if (opts.max_owner_share == 0 || opts.max_owner_share > 100 || opts.max_peer_owners == 0) {
+		log->error("--max-owner-share must be 1 to 100 (percent), --max-peer-owners at least "
+			   "1");
 		return 2;
 	}
 	if (opts.max_floors == 0 || opts.max_peer_sessions == 0 || opts.max_peer_connections == 0) {

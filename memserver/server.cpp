@@ -13,6 +13,7 @@
 #include <sys/un.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <array>
 #include <cerrno>
 #include <cstdio>
@@ -92,8 +93,12 @@ void notify_ready()
 
 Memserver::Memserver(const MemserverOptions &opts)
 	: opts_(opts), pool_(opts.capacity, opts.slab_size, opts.lock_memory),
-	  sessions_(opts.max_floors), peers_(peer_limits(opts))
+	  sessions_(opts.max_floors), peers_(peer_limits(opts)),
+	  owner_window_(opts.max_peer_owners,
+			std::max(std::chrono::seconds(opts.max_lease_s), std::chrono::seconds(3600)))
 {
+	pool_.set_owner_limit(
+		owner_slab_limit(pool_.slabs_total(), opts.max_owner_slabs, opts.max_owner_share));
 	auto log = logger("memserver");
 	if (const char *v = getenv("RDMASWAP_TEST_THROW"); v && *v) {
 		const std::string hooks = std::string(",") + v + ",";

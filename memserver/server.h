@@ -31,6 +31,7 @@
 #include "common/tcp/socket.h"
 #include "common/transport.h"
 #include "memserver/peers.h"
+#include "memserver/quota.h"
 #include "memserver/sessions.h"
 #include "memserver/slab_pool.h"
 #include "memserver/workers.h"
@@ -87,6 +88,15 @@ struct MemserverOptions {
 	// --max-peer-sessions: sessions (live or detached) created from one address; a HELLO
 	// that would create one more is refused (EUSERS).
 	unsigned max_peer_sessions = 64;
+	// Quotas per identity (memserver/quota.h): the slabs one owner (a volume key; an
+	// unbound session's address) may hold: --max-owner-share percent of the slabs (default
+	// 100: none; docs/deployment.md says when to set it) and at most --max-owner-slabs (0: no such bound);
+	// an ALLOC beyond is refused (ENOSPC). --max-peer-owners: distinct volume keys one
+	// address may bind within the last max(--max-lease, 1 h); one more BIND is refused
+	// (EUSERS).
+	unsigned max_owner_share = 100;
+	uint32_t max_owner_slabs = 0;
+	unsigned max_peer_owners = 16;
 	// --connect-rate: new connections per second from one address (a token bucket with a
 	// burst of twice that; 0: no limit); --max-peer-connections: connections open at once
 	// from one address (never more than max_connections). Over either, the accept loop
@@ -280,6 +290,7 @@ private:
 	SlabPool pool_;
 	SessionTable sessions_;
 	PeerTable peers_;
+	OwnerWindow owner_window_; // --max-peer-owners
 	// Held across each multi-step session transition (join, leave, bind + takeover, lease
 	// expiry), never on the data path. Lock order in lifecycle_lock().
 	std::mutex lifecycle_mu_;

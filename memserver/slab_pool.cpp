@@ -134,11 +134,20 @@ uint32_t SlabPool::take_dirty(size_t i)
 	return id;
 }
 
-std::optional<uint32_t> SlabPool::allocate(uint64_t owner)
+std::optional<uint32_t> SlabPool::allocate(uint64_t owner, bool *over_quota)
 {
+	if (over_quota)
+		*over_quota = false;
 	if (owner == 0 || owner == kReleasing)
 		return std::nullopt;
 	std::unique_lock lock(mu_);
+	// Counted first (so that two ALLOCs of one quota owner cannot both take its last slab),
+	// taken back if no slab is granted.
+	if (!accounts_.charge(owner)) {
+		if (over_quota)
+			*over_quota = true;
+		return std::nullopt;
+	}
 	const auto deadline = std::chrono::steady_clock::now() + kAllocWait;
 	for (;;) {
 		if (!free_.empty()) {
@@ -166,8 +175,10 @@ std::optional<uint32_t> SlabPool::allocate(uint64_t owner)
 		}
 		// The scrubber is zeroing one (or dropping one): it is back within one wipe.
 		if (scrubbing_ == 0 ||
-		    done_cv_.wait_until(lock, deadline) == std::cv_status::timeout)
+		    done_cv_.wait_until(lock, deadline) == std::cv_status::timeout) {
+			accounts_.uncharge(owner, 1);
 			return std::nullopt;
+		}
 	}
 }
 
@@ -198,6 +209,7 @@ bool SlabPool::release(uint32_t id, uint64_t owner)
 		} else {
 			pending_++;
 		}
+		accounts_.uncharge(owner, 1);
 		slabs_[id].tag = Tag{};
 		dirty_.push_back(id); // reserved: no allocation
 		publish();
@@ -260,6 +272,8 @@ uint32_t SlabPool::release_all(uint64_t owner)
 	for (uint32_t i = 0; i < nslabs_; i++)
 		if (slabs_[i].owner.load() == owner && release(i, owner))
 			n++;
+	std::lock_guard lock(mu_);
+	accounts_.forget(owner);
 	return n;
 }
 
@@ -287,7 +301,52 @@ uint32_t SlabPool::reassign(uint64_t from, uint64_t to)
 		uint64_t expected = from;
 		n += slabs_[i].owner.compare_exchange_strong(expected, to);
 	}
+	std::lock_guard lock(mu_);
+	accounts_.move(from, to, n);
+	accounts_.forget(from);
 	return n;
+}
+
+void SlabPool::set_owner_limit(uint32_t slabs)
+{
+	std::lock_guard lock(mu_);
+	accounts_.set_limit(slabs);
+}
+
+uint32_t SlabPool::owner_limit() const
+{
+	std::lock_guard lock(mu_);
+	return accounts_.limit();
+}
+
+int SlabPool::assign(uint64_t session, const std::string &qowner, bool force)
+{
+	std::lock_guard lock(mu_);
+	return accounts_.assign(session, qowner, force);
+}
+
+int SlabPool::check_assign(uint64_t session, const std::string &qowner) const
+{
+	std::lock_guard lock(mu_);
+	return accounts_.check_assign(session, qowner);
+}
+
+uint32_t SlabPool::owner_held(uint64_t session) const
+{
+	std::lock_guard lock(mu_);
+	return accounts_.held_by_owner_of(session);
+}
+
+std::string SlabPool::owner_name(uint64_t session) const
+{
+	std::lock_guard lock(mu_);
+	return accounts_.owner_of(session);
+}
+
+uint32_t SlabPool::owner_left(uint64_t session) const
+{
+	std::lock_guard lock(mu_);
+	return accounts_.left(session);
 }
 
 void SlabPool::drop_pages(uint32_t id)

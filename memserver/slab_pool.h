@@ -14,7 +14,10 @@
 #include <mutex>
 #include <optional>
 #include <thread>
+#include <string>
 #include <vector>
+
+#include "memserver/quota.h"
 
 namespace rdmaswap {
 
@@ -42,8 +45,9 @@ public:
 	// Grant a zeroed slab to `owner` (non-zero). When no zeroed slab is free, a released one
 	// whose accesses have ended is zeroed here, by the caller (one slab: bounded), rather than
 	// waiting for the scrubber; if there is none but the scrubber is zeroing one, waits for it
-	// (at most kAllocWait). nullopt when none is free.
-	std::optional<uint32_t> allocate(uint64_t owner);
+	// (at most kAllocWait). nullopt when none is free, or when the quota owner of session
+	// `owner` (assign()) holds its limit already: then `*over_quota` (if given) is set.
+	std::optional<uint32_t> allocate(uint64_t owner, bool *over_quota = nullptr);
 	// Take back a slab `owner` holds, at once: it never waits. From its return no new access
 	// to the slab succeeds; the scrubber zeroes it (or, if it is wanted back, drops its pages)
 	// and frees it once its in-flight accesses have ended, so memory still being read or
@@ -51,7 +55,8 @@ public:
 	// the memserver's message timeout: the event loops end it then.) False if `owner` does
 	// not hold it.
 	bool release(uint32_t id, uint64_t owner);
-	// Release every slab `owner` holds; returns how many. Never waits, as release().
+	// Release every slab `owner` holds; returns how many. Never waits, as release(). The
+	// session is over: it is no longer counted to its quota owner (assign()) either.
 	uint32_t release_all(uint64_t owner);
 	// Wait until every slab released so far has been zeroed (or dropped) and is back in the
 	// pool, or until `deadline`; false at the deadline. Tests and diagnostics: no request
@@ -73,8 +78,25 @@ public:
 	bool set_tag(uint32_t id, uint64_t owner, const Tag &tag);
 	Tag tag(uint32_t id) const;
 	// Hand every slab `from` holds to `to` (a session taking over a detached one); their
-	// content and tags are kept. Returns how many.
+	// content and tags are kept, and their count moves to `to`'s quota owner; `from` is
+	// forgotten. Returns how many.
 	uint32_t reassign(uint64_t from, uint64_t to);
+
+	// Quotas per identity (memserver/quota.h; docs/security.md, "Limits"). Control path.
+	// The slabs one quota owner may hold (at least 1).
+	void set_owner_limit(uint32_t slabs);
+	uint32_t owner_limit() const;
+	// Count session `session`'s slabs to quota owner `qowner` from now on (OwnerAccounts::
+	// assign: 0, or EDQUOT when what it holds would put `qowner` over the limit; with
+	// `force` assigned all the same). A session never assigned is not limited.
+	int assign(uint64_t session, const std::string &qowner, bool force = false);
+	int check_assign(uint64_t session, const std::string &qowner) const;
+	// Slabs counted to the quota owner of `session`, and how many more it may take
+	// (UINT32_MAX: not assigned).
+	uint32_t owner_held(uint64_t session) const;
+	uint32_t owner_left(uint64_t session) const;
+	// The quota owner of `session` ("" if not assigned), for logs.
+	std::string owner_name(uint64_t session) const;
 	// Give-back (control path). Withdraw up to `n` more slabs from the pool: free slabs
 	// first, at once (their pages are unlocked and released to the kernel, and they are
 	// never granted again); then granted slabs are marked *wanted back*: each is withdrawn
@@ -151,6 +173,7 @@ private:
 	// never allocates).
 	std::vector<uint32_t> dirty_;
 	std::vector<uint8_t> flags_;
+	OwnerAccounts accounts_; // slabs held per session and per quota owner
 	uint32_t withdrawn_ = 0, wanted_ = 0;
 	uint32_t pending_ = 0;   // released slabs on their way to free_ (in dirty_ or being zeroed)
 	uint32_t scrubbing_ = 0; // taken from dirty_ and being zeroed or dropped now
