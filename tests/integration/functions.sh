@@ -208,23 +208,35 @@ ctl_get() {
 
 # start_memserver CAPACITY SLAB_SIZE [EXTRA_ARGS...]
 # Starts a memserver on 127.0.0.1 on a free port, TCP transport, with --auth-key $AUTH_KEY and
-# --admin-key $ADMIN_KEY unless EXTRA_ARGS say --insecure or --auth-key, and waits until rdmaswapctl status answers. Sets MEMSERVER_PID, MEMSERVER_PORT, MEMSERVER_ADDR (HOST:PORT), MEMSERVER_LOG.
+# --admin-key $ADMIN_KEY unless EXTRA_ARGS say --insecure or --auth-key, and waits until
+# rdmaswapctl status answers. Sets MEMSERVER_PID, MEMSERVER_PORT, MEMSERVER_ADDR (HOST:PORT),
+# MEMSERVER_LOG.
+# Every memserver is a certified donor (docs/security.md, "Roles"): --donor-key and --donor-cert
+# from donor_cert_for (the test's CA, for 127.0.0.1:PORT and $DONOR_CERT_EXTRA), unless it is
+# uncertified_memserver (--insecure, its own --donor-key/--donor-cert, or
+# RDMASWAP_TEST_UNCERTIFIED=1, e.g. `RDMASWAP_TEST_UNCERTIFIED=1 start_memserver ...` for one).
+# Then it also sets DONOR_KEY, DONOR_CERT and DONOR_SERIAL (donor_cert_for).
 # @ADDR@ in EXTRA_ARGS becomes MEMSERVER_ADDR (e.g. --advertise @ADDR@).
 # Retries on a few ports in case another process grabbed the free port first; with
 # MEMSERVER_FIXED_PORT set, uses that port (once).
 _memserver_count=0
 start_memserver() {
-    local capacity=$1 slab=$2 deadline
+    local capacity=$1 slab=$2 deadline certify=1 cert_args=()
     shift 2
     has_auth_arg "$@" || set -- --auth-key "$AUTH_KEY" --admin-key "$ADMIN_KEY" "$@"
+    uncertified_memserver "$@" && certify=0
     for _ in 1 2 3; do
         _memserver_count=$((_memserver_count + 1))
         MEMSERVER_PORT=${MEMSERVER_FIXED_PORT:-$(free_port)}
         MEMSERVER_ADDR="127.0.0.1:$MEMSERVER_PORT"
         MEMSERVER_LOG="$tmpdir/memserver-$_memserver_count.log"
+        if ((certify)); then
+            donor_cert_for "$MEMSERVER_PORT"
+            cert_args=(--donor-key "$DONOR_KEY" --donor-cert "$DONOR_CERT")
+        fi
         "$MEMSERVER" --listen 127.0.0.1 --port "$MEMSERVER_PORT" \
             --capacity "$capacity" --slab-size "$slab" --transport tcp "${@//@ADDR@/$MEMSERVER_ADDR}" \
-            </dev/null >"$MEMSERVER_LOG" 2>&1 &
+            ${cert_args[@]+"${cert_args[@]}"} </dev/null >"$MEMSERVER_LOG" 2>&1 &
         MEMSERVER_PID=$!
         cleanup_pid "$MEMSERVER_PID"
         deadline=$((SECONDS + 30))
@@ -253,14 +265,54 @@ start_memserver() {
 
 # Donor certificates (docs/security.md, "Roles").
 # make_donor_ca: the test's CA: $DONOR_CA_KEY (secret), $DONOR_CA (its public key: donor-ca=)
-# and $DONOR_CRL (an empty revocation list: donor-crl=). start_certified_memserver calls it.
+# and $DONOR_CRL (an empty revocation list: donor-crl=). Once per test: start_memserver,
+# start_certified_memserver and start_nbdkit call it when it has not run yet; later calls do
+# nothing.
 make_donor_ca() {
+    [[ -n ${DONOR_CA_KEY:-} && -f $DONOR_CA_KEY ]] && return 0
     DONOR_CA_KEY="$tmpdir/donor-ca.key"
     DONOR_CA="$DONOR_CA_KEY.pub"
     DONOR_CRL="$tmpdir/donor-ca.crl"
     "$RDMASWAPCTL" ca create "$DONOR_CA_KEY" >/dev/null || fail "rdmaswapctl ca create"
     "$RDMASWAPCTL" crl create ca-key="$DONOR_CA_KEY" crl="$DONOR_CRL" >/dev/null ||
         fail "rdmaswapctl crl create"
+}
+
+# uncertified_memserver ARGS...: true if a memserver started with ARGS must get no certificate
+# from start_memserver: RDMASWAP_TEST_UNCERTIFIED=1 (a test of an uncertified donor), --insecure
+# (no handshake to prove anything in), or its own --donor-key/--donor-cert.
+uncertified_memserver() {
+    local a
+    [[ ${RDMASWAP_TEST_UNCERTIFIED:-} == 1 ]] && return 0
+    for a in "$@"; do
+        case $a in
+        --insecure | --donor-key | --donor-key=* | --donor-cert | --donor-cert=*) return 0 ;;
+        esac
+    done
+    return 1
+}
+
+# donor_cert_for PORT: the donor key and certificate of the memserver on 127.0.0.1:PORT, from
+# make_donor_ca's CA, for 127.0.0.1:PORT and the addresses in $DONOR_CERT_EXTRA (a comma list,
+# e.g. a proxy in front of it). One key per port ($tmpdir/donor-PORT.key), kept when a memserver
+# restarts on that port; its certificate is reused while it names the same addresses, else
+# reissued. Sets DONOR_KEY, DONOR_CERT, DONOR_SERIAL.
+donor_cert_for() {
+    local port=$1 addrs="127.0.0.1:$1${DONOR_CERT_EXTRA:+,$DONOR_CERT_EXTRA}"
+    make_donor_ca
+    DONOR_KEY="$tmpdir/donor-$port.key"
+    DONOR_CERT="$tmpdir/donor-$port.cert"
+    if [[ ! -f $DONOR_KEY ]]; then
+        "$RDMASWAPCTL" donor-key create "$DONOR_KEY" >/dev/null || fail "donor-key create $DONOR_KEY"
+    fi
+    if [[ ! -f $DONOR_CERT || $(cat "$DONOR_CERT.addresses") != "$addrs" ]]; then
+        rm -f "$DONOR_CERT"
+        "$RDMASWAPCTL" cert issue ca-key="$DONOR_CA_KEY" donor-key="$DONOR_KEY.pub" \
+            name="donor-$port" addresses="$addrs" days=1 out="$DONOR_CERT" \
+            >"$DONOR_CERT.txt" || fail "cert issue for 127.0.0.1:$port ($addrs)"
+        echo "$addrs" >"$DONOR_CERT.addresses"
+    fi
+    DONOR_SERIAL=$(sed -n 's/^serial=//p' "$DONOR_CERT.txt")
 }
 
 # start_certified_memserver NAME CAPACITY SLAB_SIZE [EXTRA_ARGS...]: start_memserver on a free
@@ -271,7 +323,7 @@ make_donor_ca() {
 start_certified_memserver() {
     local name=$1 port
     shift
-    [[ -n ${DONOR_CA_KEY:-} ]] || make_donor_ca
+    make_donor_ca
     port=$(free_port)
     "$RDMASWAPCTL" donor-key create "$tmpdir/$name.key" >/dev/null || fail "donor-key create $name"
     "$RDMASWAPCTL" cert issue ca-key="$DONOR_CA_KEY" donor-key="$tmpdir/$name.key.pub" \
@@ -288,6 +340,8 @@ start_certified_memserver() {
 # NBDKIT_URI (nbd+unix:///?socket=...), NBDKIT_LOG. Fails if nbdkit exits during startup.
 # The plugin defaults to the rdmaswap .so (given auth-key=$AUTH_KEY unless PLUGIN_ARGS say
 # insecure= or auth-key=); set NBDKIT_PLUGIN to use another (e.g. memory).
+# It uses certified donors only: donor-ca=$DONOR_CA donor-crl=$DONOR_CRL (make_donor_ca's),
+# unless PLUGIN_ARGS say insecure= or donor-ca=, or RDMASWAP_TEST_UNCERTIFIED=1.
 start_nbdkit() {
     local name=$1 deadline plugin=${NBDKIT_PLUGIN:-$PLUGIN}
     shift
@@ -299,6 +353,10 @@ start_nbdkit() {
     [[ ${1:-} == -- ]] && shift
     if [[ -z ${NBDKIT_PLUGIN:-} ]] && ! has_auth_arg "$@"; then
         set -- "$@" auth-key="$AUTH_KEY"
+    fi
+    if [[ -z ${NBDKIT_PLUGIN:-} ]] && ! uncertified_plugin "$@"; then
+        make_donor_ca
+        set -- "$@" donor-ca="$DONOR_CA" donor-crl="$DONOR_CRL"
     fi
     NBDKIT_SOCK="$tmpdir/$name.sock"
     # shellcheck disable=SC2034 # used by the test scripts
@@ -320,6 +378,20 @@ start_nbdkit() {
         sleep 0.1
     done
     log "nbdkit pid $NBDKIT_PID on $NBDKIT_SOCK: $(basename "$plugin") $*"
+}
+
+# uncertified_plugin PLUGIN_ARGS...: true if start_nbdkit must not add donor-ca=: the test
+# says RDMASWAP_TEST_UNCERTIFIED=1, or the arguments say insecure= (donor-ca= needs the
+# handshake) or donor-ca= (the test's own).
+uncertified_plugin() {
+    local a
+    [[ ${RDMASWAP_TEST_UNCERTIFIED:-} == 1 ]] && return 0
+    for a in "$@"; do
+        case $a in
+        insecure=* | donor-ca=*) return 0 ;;
+        esac
+    done
+    return 1
 }
 
 # stop_nbdkit_clean: SIGTERM to $NBDKIT_PID; nbdkit must exit 0 within 20 s.

@@ -19,7 +19,9 @@ start_certified_memserver a 16M 1M
 A_PORT=$MEMSERVER_PORT A_PID=$MEMSERVER_PID A_SERIAL=$DONOR_SERIAL
 start_certified_memserver b 16M 1M
 B_PORT=$MEMSERVER_PORT
-start_memserver 16M 1M # the compute host's memserver: cluster key, no certificate
+# The compute host's memserver: cluster key, no certificate (RDMASWAP_TEST_UNCERTIFIED=1:
+# start_memserver would certify it).
+RDMASWAP_TEST_UNCERTIFIED=1 start_memserver 16M 1M
 U_PORT=$MEMSERVER_PORT
 DONOR_CERT_ADDRESSES=127.0.0.2,127.0.0.1:1 start_certified_memserver w 16M 1M
 W_PORT=$MEMSERVER_PORT
@@ -73,7 +75,7 @@ wait_until 10 "the plugin refuses the revoked donor" \
 stop_nbdkit_clean
 
 # Without donor-ca= the plugin warns that donors are not authenticated.
-start_nbdkit open -- server="127.0.0.1:$U_PORT" size=4M
+RDMASWAP_TEST_UNCERTIFIED=1 start_nbdkit open -- server="127.0.0.1:$U_PORT" size=4M
 # (A request first: a SIGTERM while the start still runs would fail the start, exit 1.)
 nbdsh_run -u "$NBDKIT_URI" -c 'assert h.pread(4096, 0) == bytes(4096)' ||
     fail "the plugin without donor-ca= does not serve"

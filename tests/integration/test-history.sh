@@ -70,20 +70,22 @@ stop_pids() {
 # first FAULTY proxies; the checker for SECONDS of faults, then its quiescent rewrite and
 # read-back (which must succeed unless every donor had faults). Records a failure in `failed`.
 run_case() {
-    local replicas=$1 faulty=$2 seed=$3 secs=$4 i servers=() pids=() proxy_args=() rc=0
+    local replicas=$1 faulty=$2 seed=$3 secs=$4 i port servers=() pids=() proxy_args=() rc=0
     local check_args=(--seed "$seed" --seconds "$secs" --slab-size $((1 << 20)))
     if ((faulty < replicas)); then check_args+=(--require-recovery); fi
     case_no=$((case_no + 1))
     local max=$((secs + 120))
     for ((i = 0; i < replicas; i++)); do
-        start_memserver 40M 1M
-        pids+=("$MEMSERVER_PID")
+        # The proxy first: the memserver's donor certificate must also name the proxy's
+        # address, which the plugin dials (functions.sh, start_memserver).
+        port=$(free_port)
         if ((i < faulty)); then
-            start_proxy "proxy-$case_no-$i" "$MEMSERVER_ADDR" $((seed + i)) "$max"
+            start_proxy "proxy-$case_no-$i" "127.0.0.1:$port" $((seed + i)) "$max"
         else
-            start_proxy "proxy-$case_no-$i" "$MEMSERVER_ADDR" $((seed + i)) "$max" --rate 0
+            start_proxy "proxy-$case_no-$i" "127.0.0.1:$port" $((seed + i)) "$max" --rate 0
         fi
-        pids+=("$PROXY_PID")
+        DONOR_CERT_EXTRA=$PROXY_ADDR MEMSERVER_FIXED_PORT=$port start_memserver 40M 1M
+        pids+=("$MEMSERVER_PID" "$PROXY_PID")
         servers+=("server=$PROXY_ADDR")
         proxy_args+=(--proxy-pid "$PROXY_PID" --proxy-log "$PROXY_LOG")
     done

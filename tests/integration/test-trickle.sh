@@ -32,6 +32,15 @@ start_proxy() {
 	PROXY_PORT=$(sed -n 's/^port=\([0-9]*\).*/\1/p' "$PROXY_STATE")
 	log "proxy pid $PROXY_PID on 127.0.0.1:$PROXY_PORT -> $1"
 }
+# start_proxied_memserver [PROXY_ARGS...]: a memserver and start_proxy in front of it. The
+# proxy starts first: the memserver's donor certificate must also name the proxy's address,
+# which the plugin dials (functions.sh, start_memserver).
+start_proxied_memserver() {
+	local port
+	port=$(free_port)
+	start_proxy "$port" "$@"
+	DONOR_CERT_EXTRA=127.0.0.1:$PROXY_PORT MEMSERVER_FIXED_PORT=$port start_memserver 32M 1M
+}
 # proxy_mode MODE: switch the proxy (trickle, stall, normal) and wait until it says so.
 proxy_mode() {
 	local sig
@@ -45,8 +54,7 @@ case $case in
 failover)
 	start_memserver 32M 1M
 	healthy=$MEMSERVER_ADDR
-	start_memserver 32M 1M
-	start_proxy "$MEMSERVER_PORT"
+	start_proxied_memserver
 	start_nbdkit fo -- server="$healthy" server="127.0.0.1:$PROXY_PORT" size=8M replicas=2 \
 		timeout=$timeout_s channels=4
 	# Every slab written (on both donors) before the donor slows down: the test is about
@@ -84,8 +92,7 @@ print('worst request: %.2f s' % worst)
 	((worst >= timeout_s - 1)) || fail "no request waited on the trickling donor (worst ${worst} s)"
 	;;
 eio)
-	start_memserver 32M 1M
-	start_proxy "$MEMSERVER_PORT"
+	start_proxied_memserver
 	start_nbdkit eio -- server="127.0.0.1:$PROXY_PORT" size=8M timeout=$timeout_s channels=2
 	nbdsh_run -u "$NBDKIT_URI" -c 'h.pwrite(bytes([0x5a]) * (1 << 20), 0)' ||
 		fail "initial write failed"
@@ -110,8 +117,7 @@ for i in range(3):
 	done
 	;;
 auth)
-	start_memserver 32M 1M
-	start_proxy "$MEMSERVER_PORT" --mode trickle
+	start_proxied_memserver --mode trickle
 	start=$(now_ms)
 	rc=0
 	timeout 60 nbdkit -f -U "$tmpdir/auth.sock" "$PLUGIN" server="127.0.0.1:$PROXY_PORT" \
@@ -125,8 +131,7 @@ auth)
 	grep -q "no answer within the timeout" "$tmpdir/auth.err" || fail "no clear error message"
 	;;
 ctl)
-	start_memserver 32M 1M
-	start_proxy "$MEMSERVER_PORT"
+	start_proxied_memserver
 	timeout 10 "$RDMASWAPCTL" status server="127.0.0.1:$PROXY_PORT" timeout=$timeout_s \
 		auth-key="$AUTH_KEY" >"$tmpdir/ctl0.out" || fail "rdmaswapctl status through the proxy failed"
 	for how in trickle stall; do
@@ -155,8 +160,7 @@ ctl)
 	fi
 	;;
 sigterm)
-	start_memserver 32M 1M
-	start_proxy "$MEMSERVER_PORT"
+	start_proxied_memserver
 	for how in trickle stall; do
 		proxy_mode normal
 		# timeout=30: only the stop, not the deadline, can end the wait within 5 s.

@@ -153,12 +153,15 @@ default)
 	;;
 refused)
 	m1_port=$MEMSERVER_PORT
-	start_memserver 64M 1M
-	m2_port=$MEMSERVER_PORT m2_log=$MEMSERVER_LOG
+	# The proxy first: m2's donor certificate must also name the proxy's address, which the
+	# plugin dials (functions.sh, start_memserver).
+	m2_port=$(free_port)
 	"$PYTHON" "$here/challenge-proxy.py" "$m2_port" "$tmpdir/proxy.state" &
 	cleanup_pid $!
 	wait_until 10 "challenge-proxy" test -s "$tmpdir/proxy.state"
 	proxy=$(sed -n 's/^port=\([0-9]*\).*/\1/p' "$tmpdir/proxy.state")
+	DONOR_CERT_EXTRA=127.0.0.1:$proxy MEMSERVER_FIXED_PORT=$m2_port start_memserver 64M 1M
+	m2_log=$MEMSERVER_LOG
 	args=(server=127.0.0.1:$m1_port server=127.0.0.1:$proxy size=8M volume=v lease=60 timeout=3
 	      replicas=1)
 	start_with_status owner "${owner[@]}"

@@ -469,15 +469,47 @@ run_rdma_tests() {
 }
 
 AUTH_KEY=/etc/rdmaswap/auth.key # the cluster key run-vm-test.sh put in the initramfs
+# Donor certificates (docs/security.md, "Roles"): run-vm-test.sh put the test's CA in the
+# initramfs too (one for both VMs of twohost). Every memserver gets a donor key and a certificate
+# for the address the plugin dials (donor_cert_args; over RDMA too: the check runs on the TCP
+# control connection) and every rdmaswap plugin donor-ca= and donor-crl=: it uses only them.
+CERT_CA_KEY=/etc/rdmaswap/donor-ca.key
+CERT_CRL=/etc/rdmaswap/donor-ca.crl
+case " $PLUGIN_ARGS" in
+    *" donor-ca="* | *" insecure="*) ;; # --plugin-args chose
+    *) [ ! -f "$CERT_CA_KEY" ] \
+        || PLUGIN_ARGS="donor-ca=$CERT_CA_KEY.pub donor-crl=$CERT_CRL${PLUGIN_ARGS:+ $PLUGIN_ARGS}" ;;
+esac
+# donor_cert_args HOST PORT: set DONOR_ARGS to --donor-key/--donor-cert for a memserver dialled
+# at HOST:PORT, made with rdmaswapctl in /run/donor on first use (a restart on that address
+# reuses them); empty without the CA (modes that run no memserver).
+donor_cert_args() {
+    DONOR_ARGS=""
+    [ -f "$CERT_CA_KEY" ] || return 0
+    _dk=/run/donor/$1-$2.key
+    if [ ! -f "$_dk.cert" ]; then
+        mkdir -p /run/donor
+        rm -f "$_dk" "$_dk.pub"
+        if ! { rdmaswapctl donor-key create "$_dk" && rdmaswapctl cert issue \
+            "ca-key=$CERT_CA_KEY" "donor-key=$_dk.pub" "name=donor-$1-$2" "addresses=$1:$2" \
+            days=1 "out=$_dk.cert"; } > /run/donor/cert.out 2>&1; then
+            cat /run/donor/cert.out
+            fail "donor key and certificate for $1:$2 (rdmaswapctl)"
+        fi
+    fi
+    DONOR_ARGS="--donor-key $_dk --donor-cert $_dk.cert"
+}
 ctl_ok() { rdmaswapctl status "server=$ADDR:$PORT" "auth-key=$AUTH_KEY" > /run/ctl.out 2>&1; }
 ms_ready() { alive "$MS_PID" && ctl_ok; }
 
 # start_memserver TRANSPORT
 start_memserver() {
-    say "starting rdmaswap-memserver --transport $1 --capacity $CAPACITY --slab-size $SLAB $MS_RT${MS_ARGS:+ $MS_ARGS}"
+    donor_cert_args "$ADDR" "$PORT"
+    say "starting rdmaswap-memserver --transport $1 --capacity $CAPACITY --slab-size $SLAB $MS_RT${MS_ARGS:+ $MS_ARGS}${DONOR_ARGS:+ $DONOR_ARGS}"
     # shellcheck disable=SC2086
     $MS_WRAP rdmaswap-memserver --listen "$ADDR" --port "$PORT" --capacity "$CAPACITY" \
-        --slab-size "$SLAB" --transport "$1" --auth-key "$AUTH_KEY" $MS_RT $MS_ARGS > "$MS_LOG" 2>&1 &
+        --slab-size "$SLAB" --transport "$1" --auth-key "$AUTH_KEY" $MS_RT $MS_ARGS $DONOR_ARGS \
+        > "$MS_LOG" 2>&1 &
     MS_PID=$!
     echo -1000 > "/proc/$MS_PID/oom_score_adj" 2>/dev/null
     _t0=$(uptime_s)
@@ -942,8 +974,10 @@ start_memservers() {
     _i=1
     while [ "$_i" -le "$1" ]; do
         _p=$(rep_port "$_i")
+        donor_cert_args "$ADDR" "$_p"
+        # shellcheck disable=SC2086
         rdmaswap-memserver --listen "$ADDR" --port "$_p" --capacity "$3" \
-            --slab-size "$4" --transport "$2" --auth-key "$AUTH_KEY" $MS_RT \
+            --slab-size "$4" --transport "$2" --auth-key "$AUTH_KEY" $MS_RT $DONOR_ARGS \
             > "/run/memserver-$_i.log" 2>&1 &
         eval "REP_PID$_i=$!"
         echo -1000 > "/proc/$!/oom_score_adj" 2>/dev/null
@@ -1718,8 +1752,10 @@ soak_link_check() {
 
 # soak_ms_start I: (re)start donor I's memserver (log appended), wait until it answers
 soak_ms_start() {
+    donor_cert_args "$(soak_addr "$1")" "$PORT"
+    # shellcheck disable=SC2086
     rdmaswap-memserver --listen "$(soak_addr "$1")" --port "$PORT" --capacity "$SOAK_CAPACITY" \
-        --slab-size "$SOAK_SLAB" --transport "$SOAK_T" --auth-key "$AUTH_KEY" $MS_RT \
+        --slab-size "$SOAK_SLAB" --transport "$SOAK_T" --auth-key "$AUTH_KEY" $MS_RT $DONOR_ARGS \
         >> "/run/memserver-$1.log" 2>&1 &
     eval "SOAK_PID$1=$!"
     echo -1000 > "/proc/$!/oom_score_adj" 2>/dev/null

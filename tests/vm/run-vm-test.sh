@@ -753,6 +753,13 @@ install -m 0755 "$GUEST_INIT" "$ROOT/init"
 # The cluster key (one initramfs, so both VMs of twohost share it), mode 0600 as demanded.
 mkdir -p "$ROOT/etc/rdmaswap"
 (umask 077 && head -c 32 /dev/urandom | od -An -tx1 | tr -d ' \n' >"$ROOT/etc/rdmaswap/auth.key")
+# The donors' CA and its (empty) revocation list, likewise shared: guest-init.sh issues each
+# memserver's certificate with it, and gives the plugins donor-ca= and donor-crl=.
+if [ "$need_rdmaswap" = 1 ]; then
+    "$B_CTL" ca create "$ROOT/etc/rdmaswap/donor-ca.key" > /dev/null || die "rdmaswapctl ca create"
+    "$B_CTL" crl create "ca-key=$ROOT/etc/rdmaswap/donor-ca.key" \
+        "crl=$ROOT/etc/rdmaswap/donor-ca.crl" > /dev/null || die "rdmaswapctl crl create"
+fi
 mknod -m 0600 "$ROOT/dev/console" c 5 1 2> /dev/null || true
 
 MODE_LABEL=$MODE   # for the messages
