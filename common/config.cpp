@@ -1,5 +1,5 @@
 // SPDX-License-Identifier: MIT
-// Parsing of sizes, endpoints and transport names.
+// Parsing of sizes, endpoints and transport names, and the etcd security keys.
 #include "common/config.h"
 
 #include <cctype>
@@ -104,6 +104,70 @@ const char *transport_name(TransportKind k)
 	case TransportKind::Auto: return "auto";
 	}
 	return "?";
+}
+
+namespace {
+// The etcd-* keys and the fields they set (the memserver's flags are "--" + the key).
+struct EtcdKey {
+	std::string_view name;
+	std::string EtcdSecurity::*field;
+};
+constexpr EtcdKey kEtcdKeys[] = {
+	{"etcd-cacert", &EtcdSecurity::cacert},
+	{"etcd-cert", &EtcdSecurity::cert},
+	{"etcd-key", &EtcdSecurity::key},
+	{"etcd-user", &EtcdSecurity::user},
+	{"etcd-password-file", &EtcdSecurity::password_file},
+};
+
+// The key as the user writes it: "etcd-cert=" (the plugin's) or "--etcd-cert" (the memserver's).
+std::string key_text(std::string_view flag, std::string_view name)
+{
+	return flag.empty() ? std::string(name) + "=" : std::string(flag) + std::string(name);
+}
+} // namespace
+
+bool set_etcd_security_key(EtcdSecurity &s, std::string_view key, std::string_view value,
+			   std::string &error)
+{
+	error.clear();
+	for (const EtcdKey &k : kEtcdKeys) {
+		if (k.name != key)
+			continue;
+		if (value.empty())
+			error = std::string(key) + "= must not be empty";
+		else
+			s.*k.field = std::string(value);
+		return true;
+	}
+	return false;
+}
+
+std::string check_etcd_security(const EtcdSecurity &s, const std::vector<std::string> &endpoints,
+				std::string_view flag)
+{
+	auto name = [&](std::string_view n) { return key_text(flag, n); };
+	if (s.cert.empty() != s.key.empty())
+		return name(s.cert.empty() ? "etcd-key" : "etcd-cert") + " needs " +
+		       name(s.cert.empty() ? "etcd-cert" : "etcd-key") +
+		       " as well: the client certificate and its private key go together";
+	if (s.user.empty() != s.password_file.empty())
+		return name(s.user.empty() ? "etcd-password-file" : "etcd-user") + " needs " +
+		       name(s.user.empty() ? "etcd-user" : "etcd-password-file") +
+		       " as well: etcd's user name and the file of its password go together";
+	if (!s.any())
+		return "";
+	const std::string_view first = !s.cacert.empty() ? "etcd-cacert"
+				       : !s.cert.empty() ? "etcd-cert"
+							  : "etcd-user";
+	if (endpoints.empty())
+		return name(first) + " needs " + name("etcd");
+	for (const std::string &e : endpoints)
+		if (e.rfind("https://", 0) != 0)
+			return name(first) + " needs https:// etcd endpoints, not " + e +
+			       (s.tls() ? " (TLS options apply to https:// only)"
+					: " (a password is never sent in clear)");
+	return "";
 }
 
 } // namespace rdmaswap

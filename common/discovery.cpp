@@ -4,6 +4,7 @@
 #include "common/discovery.h"
 
 #include <algorithm>
+#include <cstring>
 #include <limits>
 #include <set>
 #include <stdexcept>
@@ -100,6 +101,10 @@ std::string Ignored::summary() const
 	part(invalid, "malformed");
 	part(too_large, fmt::format("larger than {} bytes", kMaxValue));
 	part(beyond, fmt::format("beyond the first {} donors", kMaxListed));
+	part(unsigned_, "unsigned");
+	part(bad_cert, "with a certificate refused");
+	part(bad_signature, "with a bad signature");
+	part(replayed, "older than one seen");
 	std::string out = fmt::format("{} {} ignored ({})", total(), total() == 1 ? "entry" : "entries",
 				      parts);
 	for (size_t i = 0; i < examples.size(); i++)
@@ -107,8 +112,130 @@ std::string Ignored::summary() const
 	return out;
 }
 
+void Ignored::add(const Ignored &o)
+{
+	invalid += o.invalid;
+	too_large += o.too_large;
+	beyond += o.beyond;
+	unsigned_ += o.unsigned_;
+	bad_cert += o.bad_cert;
+	bad_signature += o.bad_signature;
+	replayed += o.replayed;
+	for (const auto &x : o.examples)
+		if (examples.size() < kExamples)
+			examples.push_back(x);
+}
+
+std::vector<std::byte> registration_message(std::string_view key, std::string_view text)
+{
+	return etcd_signed_message(kRegistrationLabel, key, text);
+}
+
+std::vector<std::byte> etcd_signed_message(std::string_view label, std::string_view key,
+					   std::string_view text)
+{
+	std::vector<std::byte> m;
+	m.reserve(label.size() + 4 + key.size() + text.size());
+	auto put = [&](std::string_view s) {
+		for (char c : s)
+			m.push_back(std::byte(c));
+	};
+	put(label);
+	const auto n = uint32_t(key.size());
+	for (int i = 0; i < 4; i++)
+		m.push_back(std::byte((n >> (8 * i)) & 0xff));
+	put(key);
+	put(text);
+	return m;
+}
+
+std::string sign_registration(std::string_view key, std::string_view fields,
+			      const SigningKey &donor_key, std::span<const std::byte> cert)
+{
+	json o = json::parse(fields, nullptr, false);
+	if (o.is_discarded() || !o.is_object())
+		throw std::invalid_argument("a registration to sign is not a JSON object");
+	o.erase("sig");
+	o["cert"] = etcd::base64_encode(
+		std::string_view(reinterpret_cast<const char *>(cert.data()), cert.size()));
+	const Signature sig = donor_sign(donor_key, registration_message(key, o.dump()));
+	o["sig"] = etcd::base64_encode(
+		std::string_view(reinterpret_cast<const char *>(sig.data()), sig.size()));
+	return o.dump();
+}
+
+Refusal verify_registration(std::string_view key, std::string_view value,
+			    DonorVerifier &verifier, std::string &why)
+{
+	json o = json::parse(value, nullptr, false);
+	if (o.is_discarded() || !o.is_object()) {
+		why = "the value is not a JSON object";
+		return Refusal::BadSignature;
+	}
+	const auto sig_it = o.find("sig"), cert_it = o.find("cert"), ts_it = o.find("ts");
+	const auto addr_it = o.find("addr");
+	if (sig_it == o.end() || cert_it == o.end() || ts_it == o.end()) {
+		why = "unsigned (no donor certificate and signature: a memserver without "
+		      "--donor-cert, or not one)";
+		return Refusal::Unsigned;
+	}
+	if (addr_it == o.end() || !addr_it->is_string()) {
+		why = "no \"addr\"";
+		return Refusal::BadSignature;
+	}
+	std::optional<std::string> cert_bytes, sig_bytes;
+	if (cert_it->is_string())
+		cert_bytes = etcd::base64_decode(cert_it->get<std::string>());
+	if (sig_it->is_string())
+		sig_bytes = etcd::base64_decode(sig_it->get<std::string>());
+	if (!cert_bytes) {
+		why = "\"cert\" is not base64";
+		return Refusal::BadCert;
+	}
+	std::string err;
+	const auto cert = parse_cert(std::as_bytes(std::span(cert_bytes->data(), cert_bytes->size())),
+				     err);
+	if (!cert) {
+		why = "\"cert\" is not a donor certificate: " + err;
+		return Refusal::BadCert;
+	}
+	const auto addr = canonical_cert_address(addr_it->get<std::string>());
+	if (!addr) {
+		why = fmt::format("the registered address {} is not numeric (a certificate names "
+				  "numeric addresses only)",
+				  addr_it->get<std::string>());
+		return Refusal::BadCert;
+	}
+	if (std::string problem = verifier.check(*cert, *addr); !problem.empty()) {
+		why = fmt::format("donor certificate '{}' (serial {}) refused: {}", cert->name,
+				  cert->serial, problem);
+		return Refusal::BadCert;
+	}
+	Signature sig{};
+	if (!sig_bytes || sig_bytes->size() != sig.size()) {
+		why = "\"sig\" is not a base64 Ed25519 signature";
+		return Refusal::BadSignature;
+	}
+	std::memcpy(sig.data(), sig_bytes->data(), sig.size());
+	o.erase("sig");
+	std::string text;
+	try {
+		text = o.dump();
+	} catch (const json::exception &) { // (invalid UTF-8 in a string)
+		why = "the value does not re-encode";
+		return Refusal::BadSignature;
+	}
+	if (!verify_donor_signature(*cert, registration_message(key, text), sig)) {
+		why = fmt::format("the signature is not donor '{}''s over this key and value "
+				  "(changed, or copied from another key)",
+				  cert->name);
+		return Refusal::BadSignature;
+	}
+	return Refusal::None;
+}
+
 std::optional<Donor> check_donor(std::string_view prefix, std::string_view key,
-				 std::string_view value, Ignored &ignored)
+				 std::string_view value, Ignored &ignored, DonorVerifier *verifier)
 {
 	if (value.size() > kMaxValue) {
 		ignored.too_large++;
@@ -120,8 +247,25 @@ std::optional<Donor> check_donor(std::string_view prefix, std::string_view key,
 	if (!d) {
 		ignored.invalid++;
 		ignored.note(key, why);
+		return d;
 	}
-	return d;
+	if (!verifier)
+		return d;
+	switch (verify_registration(key, value, *verifier, why)) {
+	case Refusal::None:
+		return d;
+	case Refusal::Unsigned:
+		ignored.unsigned_++;
+		break;
+	case Refusal::BadCert:
+		ignored.bad_cert++;
+		break;
+	case Refusal::BadSignature:
+		ignored.bad_signature++;
+		break;
+	}
+	ignored.note(key, why);
+	return std::nullopt;
 }
 
 std::optional<Endpoint> donor_key_addr(std::string_view prefix, std::string_view key)
@@ -193,6 +337,10 @@ std::optional<Donor> parse_donor(std::string_view prefix, std::string_view key,
 		return std::nullopt;
 	}
 	d.auth = auth->get<bool>();
+	uint64_t ts = 0;
+	if (!get_uint(o, "ts", uint64_t(1) << 62, ts, why, true))
+		return std::nullopt;
+	d.ts = int64_t(ts);
 	return d;
 }
 
@@ -336,7 +484,7 @@ etcd::ClientOptions client_options(const ListOptions &opts)
 {
 	using std::chrono::milliseconds;
 	return {opts.endpoints, std::min(opts.timeout, milliseconds(2000)),
-		std::min(opts.timeout, milliseconds(1000))};
+		std::min(opts.timeout, milliseconds(1000)), opts.credentials};
 }
 
 std::optional<Listing> list_donors(const ListOptions &opts, std::string &why)
@@ -391,7 +539,8 @@ std::optional<Listing> list_donors(const ListOptions &opts, std::string &why)
 				out.revision = page.revision;
 			for (const auto &kv : page.kvs) {
 				scanned++;
-				auto d = check_donor(opts.prefix, kv.key, kv.value, out.ignored);
+				auto d = check_donor(opts.prefix, kv.key, kv.value, out.ignored,
+						     opts.verifier.get());
 				if (!d)
 					continue;
 				if (out.donors.size() < kMaxListed)

@@ -7,6 +7,7 @@
 #include <chrono>
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <optional>
 #include <span>
 #include <string>
@@ -14,6 +15,7 @@
 #include <vector>
 
 #include "common/config.h"
+#include "common/donor_cert.h"
 #include "common/etcd.h"
 
 namespace rdmaswap::discovery {
@@ -22,7 +24,8 @@ inline constexpr std::string_view kDefaultPrefix = "/rdmaswap/";
 
 // One registered donor: the key `<prefix>donors/<addr>` and its JSON value
 // {"addr","boot_id","transport","slab_size","slabs_total","slabs_free","sessions","auth"}
-// ("sessions" is optional: memservers before it do not publish it). `addr` says whom to ask;
+// ("sessions" is optional: memservers before it do not publish it), and from a certified
+// memserver "ts", "cert" and "sig" (signed registrations, below). `addr` says whom to ask;
 // the rest are hints, which decide nothing alone (etcd is discovery only: a donor proves itself
 // with the cluster key when the plugin probes or connects it, and a new `boot_id` is only a
 // reason to ask it: Membership).
@@ -34,7 +37,43 @@ struct Donor {
 	uint32_t slabs_total = 0, slabs_free = 0;
 	uint32_t sessions = 0; // its client sessions, attached or detached (0 if not published)
 	bool auth = true;
+	int64_t ts = 0; // "ts": when the memserver wrote it (unix ms; 0 if not published)
 };
+
+// ---- Signed registrations (issue 26, docs/security.md "etcd") ----
+// A memserver with a donor key and certificate adds to its value "ts" (unix milliseconds,
+// strictly increasing within a run), "cert" (its certificate, base64) and "sig": the base64
+// of the Ed25519 signature, by the certified donor key, of registration_message(key, the
+// value's JSON object without "sig", as nlohmann::json::dump() writes it: compact, keys
+// sorted). So the signature covers the label, the etcd key (a registration copied under
+// another key does not verify) and every field of the value, unknown ones included (one added
+// or changed does not verify either).
+inline constexpr std::string_view kRegistrationLabel = "rdmaswap-donor-registration-v1";
+// What a signed etcd value's signature covers (registrations here, holders records in
+// holders.h): label | key length (u32, little-endian) | key | text.
+std::vector<std::byte> etcd_signed_message(std::string_view label, std::string_view key,
+					   std::string_view text);
+// etcd_signed_message(kRegistrationLabel, key, text).
+std::vector<std::byte> registration_message(std::string_view key, std::string_view text);
+// The value `fields` (a JSON object without "cert", "sig") with "cert" = `cert` and "sig"
+// added, signed for `key`. Throws std::invalid_argument if `fields` is not a JSON object,
+// std::runtime_error if libcrypto fails.
+std::string sign_registration(std::string_view key, std::string_view fields,
+			      const SigningKey &donor_key, std::span<const std::byte> cert);
+
+// Why a registration is not accepted by a plugin with donor-ca=.
+enum class Refusal {
+	None,         // signed by a donor certified for its address, the signature checks
+	Unsigned,     // no "sig" or no "cert" (or no "ts")
+	BadCert,      // "cert" does not parse, is not the CA's, not valid now, revoked, or does
+		      // not list the registered address
+	BadSignature, // "sig" is not a signature of this key and value by the certified key
+};
+// Check the registration `key` = `value` (parse_donor accepted it) under `verifier`
+// (DonorVerifier::check with the registered address, canonical_cert_address, then
+// verify_donor_signature). Sets `why` when it refuses. Never throws but std::bad_alloc.
+Refusal verify_registration(std::string_view key, std::string_view value,
+			    DonorVerifier &verifier, std::string &why);
 
 // The key prefix under which donors register: `prefix` + "donors/".
 std::string donors_prefix(std::string_view prefix);
@@ -59,19 +98,30 @@ struct Ignored {
 	uint64_t invalid = 0;   // not a registration (parse_donor refuses it)
 	uint64_t too_large = 0; // a value over kMaxValue (or a key and value over kPageBytes)
 	uint64_t beyond = 0;    // valid, beyond kMaxListed (or beyond kMaxScanned keys read)
+	// With donor-ca= (verify_registration): unsigned, a certificate refused, a bad signature;
+	// and (Membership) older than a registration of the same donor seen before.
+	uint64_t unsigned_ = 0, bad_cert = 0, bad_signature = 0, replayed = 0;
 	static constexpr size_t kExamples = 3;
 	std::vector<std::string> examples; // "<key>: <why>", the first kExamples
-	uint64_t total() const { return invalid + too_large + beyond; }
+	uint64_t total() const
+	{
+		return invalid + too_large + beyond + unsigned_ + bad_cert + bad_signature + replayed;
+	}
 	void note(std::string_view key, std::string_view why);
 	// "3 entries ignored (1 malformed, 1 larger than 4096 bytes, 1 beyond the first 8192
 	// donors), e.g. KEY: WHY; ..." ("1 entry ignored (...)"; empty when none).
 	std::string summary() const;
+	// Add `o`'s counts and examples (up to kExamples) to these.
+	void add(const Ignored &o);
 };
 
 // The donor of the entry `key` = `value` (listed or watched) or nullopt, counted in `ignored`:
-// too_large when `value` is over kMaxValue (not parsed), invalid when parse_donor refuses it.
+// too_large when `value` is over kMaxValue (not parsed), invalid when parse_donor refuses it,
+// and with a `verifier` (donor-ca=) unsigned, bad_cert or bad_signature when
+// verify_registration refuses it. Without one, unsigned registrations are accepted.
 std::optional<Donor> check_donor(std::string_view prefix, std::string_view key,
-				 std::string_view value, Ignored &ignored);
+				 std::string_view value, Ignored &ignored,
+				 DonorVerifier *verifier = nullptr);
 // The address a donor key names (`donors_prefix(prefix)` + HOST:PORT), or nullopt.
 std::optional<Endpoint> donor_key_addr(std::string_view prefix, std::string_view key);
 
@@ -79,8 +129,9 @@ std::optional<Endpoint> donor_key_addr(std::string_view prefix, std::string_view
 // set, if the value is not a JSON object with every field above (but "sessions", which may be
 // absent: 0) of the right type (addr a HOST:PORT with an explicit port 1..65535, boot_id 16 hex
 // digits and not 0, transport one of the three names, the counts and sessions non-negative
-// integers that fit, slabs_free <= slabs_total, auth a boolean), or if `key` is not
-// donors_prefix(prefix) + addr exactly. Unknown fields are ignored.
+// integers that fit, slabs_free <= slabs_total, auth a boolean, "ts" if present an integer
+// 1..2^62), or if `key` is not donors_prefix(prefix) + addr exactly. Unknown fields are
+// ignored (the signature, if checked, covers them).
 std::optional<Donor> parse_donor(std::string_view prefix, std::string_view key,
 				 std::string_view value, std::string &why);
 
@@ -160,10 +211,17 @@ struct ListOptions {
 	// endpoint within min(timeout, 2 s) (connect: min(timeout, 1 s)), so a dead first member
 	// leaves time for the others.
 	std::chrono::milliseconds timeout{10000};
+	// donor-ca=: only registrations signed by a certified donor are used (check_donor);
+	// null: unsigned ones are used too (the behaviour before issue 26).
+	std::shared_ptr<DonorVerifier> verifier;
+	// etcd-cacert= ... etcd-password-file=: TLS and etcd auth, the files read once at
+	// configuration; null: none.
+	std::shared_ptr<const etcd::Credentials> credentials;
 };
 
 // The etcd client options of `opts`: each attempt within min(timeout, 2 s), its connect within
-// min(timeout, 1 s). The caller bounds the whole call with a deadline of now + opts.timeout.
+// min(timeout, 1 s), with its credentials. The caller bounds the whole call with a deadline of
+// now + opts.timeout. Every etcd client of the plugin is made with these.
 etcd::ClientOptions client_options(const ListOptions &opts);
 
 struct Listing {

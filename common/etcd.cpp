@@ -1,17 +1,37 @@
 // SPDX-License-Identifier: MIT
-// The etcd v3 JSON-gateway client of etcd.h: libcurl for HTTP, nlohmann-json for the bodies.
+// The etcd v3 JSON-gateway client of etcd.h: libcurl for HTTP(S), nlohmann-json for the bodies,
+// libcrypto to check the PEM files of its credentials.
 #include "common/etcd.h"
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
 #include <array>
+#include <cerrno>
+#include <cstring>
+#include <memory>
 #include <mutex>
 #include <stdexcept>
 
 #include <curl/curl.h>
 #include <nlohmann/json.hpp>
+#include <openssl/bio.h>
+#include <openssl/crypto.h>
+#include <openssl/evp.h>
+#include <openssl/pem.h>
+#include <openssl/x509.h>
 
 #include "common/config.h"
+#include "common/err_text.h"
+#include "common/private_file.h"
+
+// CURLOPT_CAINFO_BLOB (7.77.0): the CA is read at construction, not at each connect.
+#if LIBCURL_VERSION_NUM < 0x074d00
+#error "libcurl 7.77.0 or later is needed (CURLOPT_CAINFO_BLOB)"
+#endif
 
 namespace rdmaswap::etcd {
 
@@ -377,15 +397,223 @@ Result<WatchMessage> parse_watch_message(std::string_view text)
 	});
 }
 
+// ---- Authentication and credentials ----
+
+std::string authenticate_body(std::string_view user, std::string_view password)
+{
+	return json{{"name", std::string(user)}, {"password", std::string(password)}}.dump();
+}
+
+Result<std::string> parse_authenticate(std::string_view text)
+{
+	json j = json::parse(text, nullptr, false);
+	if (j.is_discarded() || !j.is_object())
+		return Result<std::string>::fail("etcd: malformed reply to authenticate");
+	if (auto e = j.find("error"); e != j.end()) {
+		int code = 0;
+		if (auto c = j.find("code"); c != j.end() && c->is_number_integer())
+			code = c->get<int>();
+		return Result<std::string>::fail(
+			"etcd: " + (e->is_string() ? e->get<std::string>() : std::string("an error")),
+			code);
+	}
+	auto t = j.find("token");
+	if (t == j.end() || !t->is_string() || t->get_ref<const std::string &>().empty())
+		return Result<std::string>::fail("etcd: a reply to authenticate without a token");
+	std::string token = t->get<std::string>();
+	// (A token goes into a header line: one with a line break would add headers.)
+	if (token.find_first_of("\r\n") != std::string::npos)
+		return Result<std::string>::fail("etcd: a malformed token");
+	return {std::move(token), {}, 0};
+}
+
+bool token_rejected(int code, std::string_view error)
+{
+	return code == kUnauthenticated ||
+	       error.find("invalid auth token") != std::string_view::npos ||
+	       error.find("auth token is expired") != std::string_view::npos ||
+	       error.find("revision of auth store is old") != std::string_view::npos;
+}
+
+namespace {
+
+// The largest credential file read (a CA bundle of a few hundred certificates fits).
+constexpr size_t kMaxCredentialFile = size_t(1) << 20;
+constexpr size_t kMaxPassword = 4096;
+
+// Read the file `path` of the key `what` ("etcd-cacert"). A secret (`secret`: the private key,
+// the password) must be a key file: not a symbolic link, owned by this process's user, mode
+// 0600 or stricter. Anything must be a regular file (O_NONBLOCK: a FIFO is refused, never
+// waited on) of at most kMaxCredentialFile bytes. Throws naming `what` and `path`.
+std::string read_credential_file(const char *what, const std::string &path, bool secret)
+{
+	const std::string name = std::string(what) + " file " + path;
+	const int flags = O_RDONLY | O_CLOEXEC | O_NOCTTY | O_NONBLOCK | (secret ? O_NOFOLLOW : 0);
+	const int fd = ::open(path.c_str(), flags);
+	if (fd < 0) {
+		const int e = errno;
+		struct stat lst {};
+		if (secret && e == ELOOP && ::lstat(path.c_str(), &lst) == 0 && S_ISLNK(lst.st_mode))
+			throw std::runtime_error(name + ": is a symbolic link, which is not followed "
+							"for a secret: name the file itself");
+		throw std::runtime_error(name + ": " + err_text(e));
+	}
+	struct Closer {
+		int fd;
+		~Closer() { ::close(fd); }
+	} closer{fd};
+	struct stat st {};
+	if (::fstat(fd, &st) != 0)
+		throw std::runtime_error(name + ": " + err_text(errno));
+	if (!S_ISREG(st.st_mode))
+		throw std::runtime_error(name + ": not a regular file (" + file_kind(st.st_mode) + ")");
+	if (secret)
+		if (const std::string why = private_file_problem(st); !why.empty())
+			throw std::runtime_error(name + ": " + why + "; chown it to the user this runs " +
+						 "as and chmod 600 it");
+	if (uint64_t(st.st_size) > kMaxCredentialFile)
+		throw std::runtime_error(name + ": larger than " +
+					 std::to_string(kMaxCredentialFile) + " bytes");
+	std::string text(size_t(st.st_size), '\0');
+	size_t done = 0;
+	while (done < text.size()) {
+		const ssize_t r = ::read(fd, text.data() + done, text.size() - done);
+		if (r < 0 && errno == EINTR)
+			continue;
+		if (r < 0) {
+			const int e = errno;
+			OPENSSL_cleanse(text.data(), text.size());
+			throw std::runtime_error(name + ": " + err_text(e));
+		}
+		if (r == 0)
+			break;
+		done += size_t(r);
+	}
+	text.resize(done);
+	return text;
+}
+
+using Bio = std::unique_ptr<BIO, decltype(&BIO_free)>;
+using X509Ptr = std::unique_ptr<X509, decltype(&X509_free)>;
+using PKeyPtr = std::unique_ptr<EVP_PKEY, decltype(&EVP_PKEY_free)>;
+
+Bio bio_of(const std::string &pem)
+{
+	Bio b(BIO_new_mem_buf(pem.data(), int(pem.size())), &BIO_free);
+	if (!b)
+		throw std::bad_alloc();
+	return b;
+}
+
+// The first certificate of `pem`, or null.
+X509Ptr first_cert(const std::string &pem)
+{
+	Bio b = bio_of(pem);
+	return X509Ptr(PEM_read_bio_X509(b.get(), nullptr, nullptr, nullptr), &X509_free);
+}
+
+// A passphrase callback that gives none: an encrypted key is refused, never prompted for.
+int no_passphrase(char *, int, int, void *)
+{
+	return -1;
+}
+
+} // namespace
+
+Credentials::Credentials(const EtcdSecurity &s) : user_(s.user)
+{
+	try {
+		load(s);
+	} catch (...) {
+		OPENSSL_cleanse(password_.data(), password_.size());
+		OPENSSL_cleanse(key_.data(), key_.size());
+		throw;
+	}
+}
+
+void Credentials::load(const EtcdSecurity &s)
+{
+	if (!s.cacert.empty()) {
+		cacert_ = read_credential_file("etcd-cacert", s.cacert, false);
+		if (!first_cert(cacert_))
+			throw std::runtime_error("etcd-cacert file " + s.cacert +
+						 ": no PEM certificate in it (-----BEGIN CERTIFICATE-----)");
+	}
+	if (!s.cert.empty()) {
+		cert_ = read_credential_file("etcd-cert", s.cert, false);
+		key_ = read_credential_file("etcd-key", s.key, true);
+		X509Ptr cert = first_cert(cert_);
+		if (!cert)
+			throw std::runtime_error("etcd-cert file " + s.cert +
+						 ": no PEM certificate in it (-----BEGIN CERTIFICATE-----)");
+		Bio b = bio_of(key_);
+		PKeyPtr key(PEM_read_bio_PrivateKey(b.get(), nullptr, &no_passphrase, nullptr),
+			    &EVP_PKEY_free);
+		if (!key)
+			throw std::runtime_error("etcd-key file " + s.key +
+						 ": no unencrypted PEM private key in it");
+		if (X509_check_private_key(cert.get(), key.get()) != 1)
+			throw std::runtime_error("etcd-key file " + s.key +
+						 ": not the private key of the certificate in " + s.cert);
+	}
+	if (!s.password_file.empty()) {
+		password_ = read_credential_file("etcd-password-file", s.password_file, true);
+		while (!password_.empty() && (password_.back() == '\n' || password_.back() == '\r'))
+			password_.pop_back();
+		if (password_.empty() || password_.size() > kMaxPassword)
+			throw std::runtime_error("etcd-password-file file " + s.password_file +
+						 (password_.empty() ? ": empty"
+								    : ": longer than 4096 bytes"));
+		if (password_.find_first_of(std::string_view("\n\r\0", 3)) != std::string::npos)
+			throw std::runtime_error("etcd-password-file file " + s.password_file +
+						 ": more than one line (the password is its first "
+						 "and only line)");
+	}
+}
+
+Credentials::~Credentials()
+{
+	OPENSSL_cleanse(password_.data(), password_.size());
+	OPENSSL_cleanse(key_.data(), key_.size());
+	std::lock_guard lock(mu_);
+	OPENSSL_cleanse(token_.data(), token_.size());
+}
+
+std::string Credentials::token() const
+{
+	std::lock_guard lock(mu_);
+	return token_;
+}
+
+void Credentials::set_token(std::string t) const
+{
+	std::lock_guard lock(mu_);
+	OPENSSL_cleanse(token_.data(), token_.size());
+	token_ = std::move(t);
+}
+
 // ---- Client ----
+
+namespace {
+// Free a header list, wiping its lines first (one holds the token).
+void free_headers(curl_slist *l)
+{
+	for (curl_slist *p = l; p; p = p->next)
+		OPENSSL_cleanse(p->data, std::strlen(p->data));
+	curl_slist_free_all(l);
+}
+} // namespace
 
 struct Client::Curl {
 	CURL *h = nullptr;
 	CURLM *multi = nullptr; // runs `h`, so that interrupt() can wake the wait
-	curl_slist *headers = nullptr;
+	curl_slist *headers = nullptr;      // Content-Type
+	curl_slist *auth_headers = nullptr; // Content-Type and Authorization: the token
+	std::string auth_token;             // the token in auth_headers
 	std::string reply;
 	size_t max_reply = Client::kMaxMessage; // for the transfer in progress
 	bool too_big = false;
+	char errbuf[CURL_ERROR_SIZE] = {}; // libcurl's detail of the last failure
 	~Curl()
 	{
 		if (multi)
@@ -393,11 +621,20 @@ struct Client::Curl {
 		if (h)
 			curl_easy_cleanup(h);
 		curl_slist_free_all(headers);
+		free_headers(auth_headers);
+		OPENSSL_cleanse(auth_token.data(), auth_token.size());
+	}
+	// What failed: libcurl's detail ("SSL certificate problem: unable to get local issuer
+	// certificate") when it gave one, else its text for `rc`.
+	std::string error(CURLcode rc) const
+	{
+		return errbuf[0] ? std::string(errbuf) : std::string(curl_easy_strerror(rc));
 	}
 	// One transfer of `h`, as curl_easy_perform but abandoned at once when `stop` becomes
 	// true (curl_multi_wakeup ends the wait). Bounded by the handle's CURLOPT_TIMEOUT_MS.
 	CURLcode perform(const std::atomic<bool> &stop)
 	{
+		errbuf[0] = '\0';
 		if (curl_multi_add_handle(multi, h) != CURLM_OK)
 			return CURLE_FAILED_INIT;
 		CURLcode result = CURLE_OK;
@@ -460,6 +697,35 @@ Client::Client(ClientOptions opts) : opts_(std::move(opts)), curl_(std::make_uni
 	curl_easy_setopt(h, CURLOPT_WRITEFUNCTION, &Curl::write);
 	curl_easy_setopt(h, CURLOPT_WRITEDATA, curl_.get());
 	curl_easy_setopt(h, CURLOPT_POST, 1L);
+	curl_easy_setopt(h, CURLOPT_ERRORBUFFER, curl_->errbuf);
+	// https:// is always verified: the peer's certificate chain and its name (the endpoint's
+	// host, e.g. a SAN IP:127.0.0.1), against the CA given or the system's store.
+	curl_easy_setopt(h, CURLOPT_SSL_VERIFYPEER, 1L);
+	curl_easy_setopt(h, CURLOPT_SSL_VERIFYHOST, 2L);
+	if (const Credentials *c = opts_.credentials.get()) {
+		auto blob = [&](CURLoption o, const std::string &pem) {
+			curl_blob b{const_cast<char *>(pem.data()), pem.size(), CURL_BLOB_COPY};
+			return curl_easy_setopt(h, o, &b);
+		};
+		CURLcode rc = CURLE_OK;
+		if (!c->cacert_pem().empty()) {
+			rc = blob(CURLOPT_CAINFO_BLOB, c->cacert_pem());
+			// That CA only: not the system's directory as well.
+			if (rc == CURLE_OK)
+				rc = curl_easy_setopt(h, CURLOPT_CAPATH, nullptr);
+		}
+		if (rc == CURLE_OK && !c->cert_pem().empty()) {
+			curl_easy_setopt(h, CURLOPT_SSLCERTTYPE, "PEM");
+			curl_easy_setopt(h, CURLOPT_SSLKEYTYPE, "PEM");
+			rc = blob(CURLOPT_SSLCERT_BLOB, c->cert_pem());
+			if (rc == CURLE_OK)
+				rc = blob(CURLOPT_SSLKEY_BLOB, c->key_pem());
+		}
+		if (rc != CURLE_OK)
+			throw std::runtime_error(std::string("etcd: libcurl cannot use the TLS "
+							     "credentials: ") +
+						 curl_easy_strerror(rc));
+	}
 }
 
 Client::~Client() = default;
@@ -475,10 +741,83 @@ void Client::clear_interrupt()
 	interrupted_.store(false);
 }
 
+void Client::use_headers(bool with_token)
+{
+	const Credentials *c = opts_.credentials.get();
+	if (!with_token || !c || c->user().empty()) {
+		curl_easy_setopt(curl_->h, CURLOPT_HTTPHEADER, curl_->headers);
+		return;
+	}
+	std::string token = c->token();
+	if (!curl_->auth_headers || token != curl_->auth_token) {
+		free_headers(curl_->auth_headers);
+		curl_->auth_headers = nullptr;
+		std::string line = "Authorization: " + token;
+		curl_slist *l = curl_slist_append(nullptr, "Content-Type: application/json");
+		curl_slist *l2 = l ? curl_slist_append(l, line.c_str()) : nullptr;
+		OPENSSL_cleanse(line.data(), line.size());
+		if (!l2) {
+			curl_slist_free_all(l);
+			OPENSSL_cleanse(token.data(), token.size());
+			throw std::bad_alloc();
+		}
+		curl_->auth_headers = l2;
+		curl_->auth_token.swap(token); // (`token` now holds the old one: wiped below)
+	}
+	OPENSSL_cleanse(token.data(), token.size());
+	curl_easy_setopt(curl_->h, CURLOPT_HTTPHEADER, curl_->auth_headers);
+}
+
+Result<Ok> Client::authenticate(Deadline deadline)
+{
+	const Credentials &c = *opts_.credentials;
+	std::string body = authenticate_body(c.user(), c.password());
+	bool rejected = false;
+	auto reply = post_once("/v3/auth/authenticate", body, deadline, size_t(64) << 10, false,
+			       rejected);
+	OPENSSL_cleanse(body.data(), body.size());
+	if (!reply)
+		return Result<Ok>::fail(reply.error + " (authenticating as etcd user " + c.user() + ")",
+					reply.code);
+	auto token = parse_authenticate(*reply.value);
+	OPENSSL_cleanse(reply.value->data(), reply.value->size());
+	if (!token) {
+		std::string_view why = token.error;
+		if (why.starts_with("etcd: "))
+			why.remove_prefix(6);
+		return Result<Ok>::fail("etcd: authenticating as user " + c.user() + " failed: " +
+						std::string(why),
+					token.code);
+	}
+	c.set_token(std::move(*token.value));
+	return Result<Ok>{Ok{}, {}, 0};
+}
+
 Result<std::string> Client::post(const char *path, const std::string &body, Deadline deadline,
 				 size_t max_reply)
 {
+	const Credentials *c = opts_.credentials.get();
+	const bool auth = c && !c->user().empty();
+	if (auth && c->token().empty())
+		if (auto a = authenticate(deadline); !a)
+			return Result<std::string>::fail(std::move(a.error), a.code);
+	bool rejected = false;
+	auto r = post_once(path, body, deadline, max_reply, auth, rejected);
+	if (!rejected)
+		return r;
+	// The token expired or etcd's users or roles changed: a new one, once, and again.
+	if (auto a = authenticate(deadline); !a)
+		return Result<std::string>::fail(std::move(a.error), a.code);
+	return post_once(path, body, deadline, max_reply, auth, rejected);
+}
+
+Result<std::string> Client::post_once(const char *path, const std::string &body,
+				      Deadline deadline, size_t max_reply, bool with_token,
+				      bool &rejected)
+{
 	using namespace std::chrono;
+	rejected = false;
+	use_headers(with_token);
 	const size_t n = opts_.endpoints.size();
 	std::string last = "etcd: no endpoint tried";
 	for (size_t k = 0; k < n; k++) {
@@ -517,7 +856,7 @@ Result<std::string> Client::post(const char *path, const std::string &body, Dead
 							 kTooLarge);
 		}
 		if (rc != CURLE_OK) {
-			last = "etcd " + url + ": " + curl_easy_strerror(rc);
+			last = "etcd " + url + ": " + curl_->error(rc);
 			continue;
 		}
 		long status = 0;
@@ -534,6 +873,10 @@ Result<std::string> Client::post(const char *path, const std::string &body, Dead
 				code = c->get<int>();
 		if (code >= 0 && code != kUnavailable && code != kDeadlineExceeded) {
 			current_ = i;
+			const auto e = j.find("error");
+			rejected = with_token && token_rejected(code, e->is_string()
+									 ? e->get_ref<const std::string &>()
+									 : std::string_view());
 			return {std::move(curl_->reply), {}, 0};
 		}
 		last = "etcd " + url + ": HTTP " + std::to_string(status) + " " +
@@ -550,9 +893,13 @@ struct WatchStream {
 	const std::function<bool(const WatchMessage &)> *on_message;
 	size_t max_message;
 	std::string buf;
+	bool check_token = false; // the watch carries a token: see whether etcd rejected it
 	bool too_big = false; // a message over max_message: the stream was cut
 	bool got = false;  // a message was parsed: the stream is open
 	bool ended = false; // on_message or etcd ended it
+	// etcd refused to create the watch (not passed on): the token (authenticate again), or
+	// the user's roles (final).
+	bool token_rejected = false, denied = false;
 	std::string error;
 	int code = 0;
 	// One line; false to stop the transfer.
@@ -565,6 +912,25 @@ struct WatchStream {
 			error = m.error;
 			code = m.code;
 			return false;
+		}
+		// A watch etcd refused comes as a created-and-cancelled message with the gRPC
+		// error as its reason ("rpc error: code = Unauthenticated desc = etcdserver:
+		// invalid auth token").
+		if (const WatchMessage &wm = *m.value;
+		    wm.canceled && wm.compact_revision == 0 && !wm.cancel_reason.empty() && !got) {
+			if (check_token && etcd::token_rejected(0, wm.cancel_reason)) {
+				token_rejected = true;
+				error = "etcd: watch refused: " + wm.cancel_reason;
+				code = kUnauthenticated;
+				return false;
+			}
+			if (wm.cancel_reason.find("PermissionDenied") != std::string::npos ||
+			    wm.cancel_reason.find("permission denied") != std::string::npos) {
+				denied = true;
+				error = "etcd: watch refused: " + wm.cancel_reason;
+				code = kPermissionDenied;
+				return false;
+			}
 		}
 		got = true;
 		if (!(*on_message)(*m.value) || m.value->canceled) {
@@ -682,7 +1048,14 @@ Result<Ok> Client::watch_prefix(std::string_view prefix, int64_t start_revision,
 	const size_t n = opts_.endpoints.size();
 	std::string last = "etcd: no endpoint tried";
 	CURL *h = curl_->h;
-	for (size_t k = 0; k < n; k++) {
+	const Credentials *c = opts_.credentials.get();
+	const bool auth = c && !c->user().empty();
+	if (auth && c->token().empty())
+		if (auto a = authenticate(deadline); !a)
+			return Result<Ok>::fail(std::move(a.error), a.code);
+	bool reauthenticated = false;
+	size_t k = 0; // endpoints tried
+	while (k < n) {
 		if (interrupted_.load())
 			return Result<Ok>::fail("etcd: interrupted");
 		const auto left = duration_cast<milliseconds>(deadline - steady_clock::now());
@@ -690,7 +1063,9 @@ Result<Ok> Client::watch_prefix(std::string_view prefix, int64_t start_revision,
 			return Result<Ok>::fail(last + "; deadline passed");
 		const size_t i = (current_ + k) % n;
 		const std::string url = opts_.endpoints[i] + "/v3/watch";
+		use_headers(auth);
 		WatchStream w{&on_message, max_message};
+		w.check_token = auth;
 		curl_easy_setopt(h, CURLOPT_URL, url.c_str());
 		curl_easy_setopt(h, CURLOPT_POSTFIELDS, body.c_str());
 		curl_easy_setopt(h, CURLOPT_POSTFIELDSIZE, long(body.size()));
@@ -708,6 +1083,21 @@ Result<Ok> Client::watch_prefix(std::string_view prefix, int64_t start_revision,
 			current_ = i;
 			return Result<Ok>::fail("etcd " + url + ": " + w.error, kTooLarge);
 		}
+		if (w.denied) {
+			current_ = i;
+			return Result<Ok>::fail("etcd " + url + ": " + w.error, w.code);
+		}
+		if (w.token_rejected) {
+			current_ = i;
+			if (reauthenticated)
+				return Result<Ok>::fail("etcd " + url + ": " + w.error, w.code);
+			// A new token, once, and the endpoint that gave it first.
+			reauthenticated = true;
+			if (auto a = authenticate(deadline); !a)
+				return Result<Ok>::fail(std::move(a.error), a.code);
+			k = 0;
+			continue;
+		}
 		if (w.ended || (w.got && rc == CURLE_OPERATION_TIMEDOUT)) {
 			current_ = i;
 			return Result<Ok>{Ok{}, {}, 0};
@@ -722,9 +1112,10 @@ Result<Ok> Client::watch_prefix(std::string_view prefix, int64_t start_revision,
 		if (!w.error.empty())
 			last = "etcd " + url + ": " + w.error;
 		else if (rc != CURLE_OK)
-			last = "etcd " + url + ": " + curl_easy_strerror(rc);
+			last = "etcd " + url + ": " + curl_->error(rc);
 		else
 			last = "etcd " + url + ": watch not opened: " + w.buf.substr(0, 200);
+		k++;
 	}
 	current_ = (current_ + 1) % n;
 	return Result<Ok>::fail(last);

@@ -1,7 +1,7 @@
 // SPDX-License-Identifier: MIT
 // A small etcd v3 client over etcd's JSON gateway (HTTP POST of JSON, keys and values base64):
-// leases, put, range (also by prefix), delete, watch. Every request has a deadline; errors are
-// values.
+// leases, put, range (also by prefix), delete, watch; over http:// or https:// (a CA, a client
+// certificate) with etcd's user/password auth. Every request has a deadline; errors are values.
 #pragma once
 
 #include <atomic>
@@ -9,10 +9,13 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <mutex>
 #include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
+
+#include "common/config.h"
 
 namespace rdmaswap::etcd {
 
@@ -115,6 +118,55 @@ struct WatchMessage {
 };
 Result<WatchMessage> parse_watch_message(std::string_view json);
 
+// gRPC UNAUTHENTICATED: "etcdserver: invalid auth token" (a token etcd no longer knows, or
+// none); PERMISSION_DENIED: the user's roles do not allow the request.
+constexpr int kUnauthenticated = 16;
+constexpr int kPermissionDenied = 7;
+
+// The body of /v3/auth/authenticate ({"name","password"}; it holds the password: never log it).
+std::string authenticate_body(std::string_view user, std::string_view password);
+// The token of its reply (the "token" field, a non-empty string), or a failed Result whose
+// error never quotes the reply (it may hold a token).
+Result<std::string> parse_authenticate(std::string_view json);
+// Whether an error answer of etcd (unary: its "code" and "error"; a watch: its cancel_reason)
+// asks for a new token: "invalid auth token" (Unauthenticated: expired, or etcd restarted and
+// forgot it) or "revision of auth store is old" (users or roles changed since the token was
+// issued). Then the client authenticates again, once, and repeats the request.
+bool token_rejected(int code, std::string_view error);
+
+// The files of EtcdSecurity, read once (at construction, before a process forks or drops
+// privileges) and kept in memory for every client made with them; the password and the token
+// are wiped when it is destroyed. Shared by every Client of a process (by shared_ptr): the
+// token one client obtained serves the others.
+class Credentials {
+public:
+	// Reads and checks every file `s` names (check_etcd_security must have accepted `s`):
+	// the CA and the certificate must be PEM certificates, the key a PEM private key that
+	// matches the certificate; the key and the password file must be key files (regular,
+	// not a symbolic link, owned by this process's user, mode 0600 or stricter; a FIFO is
+	// refused without being opened for long). Throws std::runtime_error naming the key and the
+	// file ("etcd-key file PATH: ...") and what is wrong.
+	explicit Credentials(const EtcdSecurity &s);
+	~Credentials();
+	Credentials(const Credentials &) = delete;
+	Credentials &operator=(const Credentials &) = delete;
+
+	const std::string &cacert_pem() const { return cacert_; } // empty: the system's store
+	const std::string &cert_pem() const { return cert_; }     // empty: no client certificate
+	const std::string &key_pem() const { return key_; }
+	const std::string &user() const { return user_; } // empty: no etcd auth
+	const std::string &password() const { return password_; }
+	// The token the last authentication gave ("" before one). Thread-safe.
+	std::string token() const;
+	void set_token(std::string t) const;
+
+private:
+	void load(const EtcdSecurity &s);
+	std::string cacert_, cert_, key_, user_, password_;
+	mutable std::mutex mu_;
+	mutable std::string token_; // under mu_
+};
+
 // ---- The client ----
 
 struct ClientOptions {
@@ -123,6 +175,12 @@ struct ClientOptions {
 	// its connect by `connect_timeout`. A call tries each endpoint at most once.
 	std::chrono::milliseconds timeout{2000};
 	std::chrono::milliseconds connect_timeout{1000};
+	// TLS and etcd auth (null: none, plain http://). With it, https:// endpoints are verified
+	// (peer and host name) against its CA (or the system's store), its client certificate is
+	// presented, and with a user every request carries the token of /v3/auth/authenticate
+	// (obtained at the first request; obtained again once, within the same deadline, when
+	// etcd rejects it: token_rejected).
+	std::shared_ptr<const Credentials> credentials;
 };
 
 // One client, for one thread at a time (it reuses one libcurl handle and its connection; only
@@ -136,7 +194,8 @@ public:
 	using Deadline = std::chrono::steady_clock::time_point;
 	static constexpr Deadline kNoDeadline = Deadline::max();
 
-	// Throws std::runtime_error only if libcurl cannot be initialised or `endpoints` is empty.
+	// Throws std::runtime_error only if libcurl cannot be initialised (or lacks TLS with
+	// credentials) or `endpoints` is empty.
 	explicit Client(ClientOptions opts);
 	~Client();
 	Client(const Client &) = delete;
@@ -195,6 +254,13 @@ private:
 	// with code kTooLarge at once (another member would send as much).
 	Result<std::string> post(const char *path, const std::string &body, Deadline deadline,
 				 size_t max_reply = kMaxMessage);
+	// One round of post (each endpoint once); `rejected` set if etcd refused the token.
+	Result<std::string> post_once(const char *path, const std::string &body, Deadline deadline,
+				      size_t max_reply, bool with_token, bool &rejected);
+	// With a user: obtain a token (/v3/auth/authenticate) and keep it in the credentials.
+	Result<Ok> authenticate(Deadline deadline);
+	// The request headers to send: with the current token when `with_token` and a user.
+	void use_headers(bool with_token);
 	struct Curl;
 	ClientOptions opts_;
 	std::unique_ptr<Curl> curl_;

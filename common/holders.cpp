@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstring>
 #include <exception>
 #include <new>
 #include <utility>
@@ -150,14 +151,72 @@ std::string etcd_key(std::string_view prefix, std::string_view volume)
 	return fmt::format("{}volumes/{}/holders", prefix, discovery::escape_name(volume));
 }
 
+std::vector<std::byte> signed_message(std::string_view key, std::string_view text)
+{
+	return discovery::etcd_signed_message(kHoldersLabel, key, text);
+}
+
+std::string signed_text(std::string_view key, std::string_view volume,
+			std::span<const Endpoint> donors, const Unreachable &unreachable,
+			const VolumeKey &volume_key)
+{
+	nlohmann::json o = nlohmann::json::parse(record_text(volume, donors, unreachable));
+	const VolumeProof sig = volume_key.sign(signed_message(key, o.dump()));
+	o["sig"] = etcd::base64_encode(
+		std::string_view(reinterpret_cast<const char *>(sig.data()), sig.size()));
+	return o.dump() + "\n";
+}
+
+bool verify_signed(std::string_view key, std::string_view text, const VolumePubKey &pub,
+		   std::string &why)
+{
+	nlohmann::json o = nlohmann::json::parse(text, nullptr, false);
+	if (o.is_discarded() || !o.is_object()) {
+		why = "not a JSON object";
+		return false;
+	}
+	const auto it = o.find("sig");
+	if (it == o.end()) {
+		why = "not signed (a plugin before issue 26 wrote it, or someone else did)";
+		return false;
+	}
+	std::optional<std::string> sig;
+	if (it->is_string())
+		sig = etcd::base64_decode(it->get<std::string>());
+	VolumeProof proof{};
+	if (!sig || sig->size() != proof.size()) {
+		why = "\"sig\" is not a base64 Ed25519 signature";
+		return false;
+	}
+	std::memcpy(proof.data(), sig->data(), proof.size());
+	o.erase(it);
+	std::string unsigned_text;
+	try {
+		unsigned_text = o.dump();
+	} catch (const nlohmann::json::exception &) { // (invalid UTF-8)
+		why = "does not re-encode";
+		return false;
+	}
+	if (!verify_volume_proof(pub, signed_message(key, unsigned_text), proof)) {
+		why = "not signed by this volume's key (changed, copied, or another volume's)";
+		return false;
+	}
+	return true;
+}
+
 std::string put_etcd(const discovery::ListOptions &opts, std::string_view volume,
-		     std::span<const Endpoint> donors, const Unreachable &unreachable)
+		     std::span<const Endpoint> donors, const Unreachable &unreachable,
+		     const VolumeKey *volume_key)
 {
 	const auto deadline = std::chrono::steady_clock::now() + opts.timeout;
 	try {
 		etcd::Client client(discovery::client_options(opts));
-		auto r = client.put(etcd_key(opts.prefix, volume),
-				    record_text(volume, donors, unreachable), 0, deadline);
+		const std::string key = etcd_key(opts.prefix, volume);
+		auto r = client.put(key,
+				    volume_key ? signed_text(key, volume, donors, unreachable,
+							     *volume_key)
+					       : record_text(volume, donors, unreachable),
+				    0, deadline);
 		return r ? "" : r.error;
 	} catch (const std::bad_alloc &) {
 		throw;
@@ -166,7 +225,8 @@ std::string put_etcd(const discovery::ListOptions &opts, std::string_view volume
 	}
 }
 
-EtcdRecord get_etcd(const discovery::ListOptions &opts, std::string_view volume)
+EtcdRecord get_etcd(const discovery::ListOptions &opts, std::string_view volume,
+		    const VolumePubKey *pub)
 {
 	const auto deadline = std::chrono::steady_clock::now() + opts.timeout;
 	EtcdRecord out;
@@ -178,6 +238,9 @@ EtcdRecord get_etcd(const discovery::ListOptions &opts, std::string_view volume)
 			out.why = r.error;
 		} else if (r.value->empty()) {
 			out.status = EtcdRecord::Status::Absent;
+		} else if (pub && !verify_signed(key, r.value->front().value, *pub, out.why)) {
+			out.status = EtcdRecord::Status::Ignored;
+			out.why = fmt::format("etcd key {}: {}", key, out.why);
 		} else if (auto donors = parse_record(r.value->front().value, volume, out.why,
 						      &out.unreachable)) {
 			out.status = EtcdRecord::Status::Found;

@@ -18,6 +18,7 @@
 
 #include "common/config.h"
 #include "common/discovery.h"
+#include "common/volume_key.h"
 
 namespace rdmaswap::holders {
 
@@ -99,12 +100,35 @@ std::string default_path(std::string_view default_key_path, std::string_view vol
 // No lease: the record outlives the plugin, as the slabs do.
 std::string etcd_key(std::string_view prefix, std::string_view volume);
 
-// Put the record at etcd_key(opts.prefix, volume), no lease. Returns "" when etcd stored it,
-// otherwise why not (no endpoint answered within opts.timeout, or etcd answered an error).
-// Bounded by opts.timeout overall (each attempt as discovery::client_options says). Never
-// throws but std::bad_alloc.
+// Signed copies (issue 26, docs/security.md "etcd"): etcd's copy is record_text's object with
+// "sig" added: the base64 of the volume key's Ed25519 signature of signed_message(the etcd
+// key, the object without "sig" as nlohmann::json::dump() writes it: compact, keys sorted).
+// So it covers the label, the key (a record copied under another volume's key does not
+// verify) and every field. Only a copy signed by this volume's own key is read: another
+// volume's key (another host's, or another name's) does not verify. The local file is not
+// signed (it is 0600 in the state directory); a signed text reads as a file too.
+inline constexpr std::string_view kHoldersLabel = "rdmaswap-holders-v1";
+// discovery::etcd_signed_message(kHoldersLabel, key, text).
+std::vector<std::byte> signed_message(std::string_view key, std::string_view text);
+// record_text(volume, donors, unreachable) signed for `key` by `volume_key`. Throws
+// std::runtime_error if libcrypto fails.
+std::string signed_text(std::string_view key, std::string_view volume,
+			std::span<const Endpoint> donors, const Unreachable &unreachable,
+			const VolumeKey &volume_key);
+// True if `text` carries a valid "sig" for `key` under `pub`; else false with `why` set
+// (unsigned, or not signed by this key for this key and content). Never throws but
+// std::bad_alloc.
+bool verify_signed(std::string_view key, std::string_view text, const VolumePubKey &pub,
+		   std::string &why);
+
+// Put the record at etcd_key(opts.prefix, volume), no lease, signed by `volume_key`
+// (signed_text; null: unsigned, for tests only). Returns "" when etcd stored it, otherwise why
+// not (no endpoint answered within opts.timeout, or etcd answered an error). Bounded by
+// opts.timeout overall (each attempt as discovery::client_options says). Never throws but
+// std::bad_alloc.
 std::string put_etcd(const discovery::ListOptions &opts, std::string_view volume,
-		     std::span<const Endpoint> donors, const Unreachable &unreachable = {});
+		     std::span<const Endpoint> donors, const Unreachable &unreachable = {},
+		     const VolumeKey *volume_key = nullptr);
 
 // What get_etcd found.
 struct EtcdRecord {
@@ -113,14 +137,18 @@ struct EtcdRecord {
 			// refuses: `why` says which
 		Absent, // etcd answered: there is no record of the volume
 		Found,  // etcd answered with the record: `donors`
+		Ignored, // etcd answered with a copy not signed by the volume key (`why`): to be
+			 // treated as Absent, and counted
 	} status = Status::Failed;
 	std::vector<Endpoint> donors; // Found: sorted, no duplicates (may be empty)
 	Unreachable unreachable;      // Found: the record's unreachable times
-	std::string why;              // Failed: why
+	std::string why;              // Failed, Ignored: why
 };
 
-// Read the record at etcd_key(opts.prefix, volume). Bounded by opts.timeout overall. Never
-// throws but std::bad_alloc.
-EtcdRecord get_etcd(const discovery::ListOptions &opts, std::string_view volume);
+// Read the record at etcd_key(opts.prefix, volume); with `pub` (the volume's public key) a
+// copy that verify_signed refuses is Ignored (null: no check, for tests only). Bounded by
+// opts.timeout overall. Never throws but std::bad_alloc.
+EtcdRecord get_etcd(const discovery::ListOptions &opts, std::string_view volume,
+		    const VolumePubKey *pub = nullptr);
 
 } // namespace rdmaswap::holders

@@ -20,9 +20,7 @@ namespace rdmaswap {
 // The watcher's etcd client, kept here so that stop() can interrupt its stream.
 struct Membership::Watch {
 	explicit Watch(const discovery::ListOptions &o)
-		: client(etcd::ClientOptions{o.endpoints, std::min(o.timeout,
-								   std::chrono::milliseconds(2000)),
-					    std::min(o.timeout, std::chrono::milliseconds(1000))})
+		: client(discovery::client_options(o)) // (with its TLS and credentials)
 	{
 	}
 	etcd::Client client;
@@ -198,6 +196,22 @@ Membership::Entry *Membership::entry(const Endpoint &ep)
 	return &e;
 }
 
+bool Membership::fresh(Entry &e, const discovery::Donor &d)
+{
+	if (!opts_.registry.verifier)
+		return true;
+	if (d.ts < e.reg_ts) {
+		counters_.ignored_replayed++;
+		pending_ignored_.replayed++;
+		pending_ignored_.note(e.name, fmt::format("a registration written at {} ms, older "
+							  "than one seen (written at {} ms): a replay",
+							  d.ts, e.reg_ts));
+		return false;
+	}
+	e.reg_ts = d.ts;
+	return true;
+}
+
 void Membership::forget(size_t k)
 {
 	Entry &e = entries_[k];
@@ -253,6 +267,7 @@ Membership::Membership(Volume &volume, Connect connect, Options opts,
 		}
 		e->registered = true;
 		e->boot_id = d.boot_id;
+		e->reg_ts = d.ts;
 		e->seq = ++seq_;
 		if (e->slot >= 0 && e->slot_boot == 0)
 			e->slot_boot = d.boot_id; // (the start gave none)
@@ -275,6 +290,11 @@ Membership::Membership(Volume &volume, Connect connect, Options opts,
 	counters_.ignored_invalid = opts_.ignored.invalid;
 	counters_.ignored_too_large = opts_.ignored.too_large;
 	counters_.ignored_beyond += opts_.ignored.beyond;
+	counters_.ignored_unsigned = opts_.ignored.unsigned_;
+	counters_.ignored_bad_cert = opts_.ignored.bad_cert;
+	counters_.ignored_bad_signature = opts_.ignored.bad_signature;
+	counters_.ignored_replayed = opts_.ignored.replayed;
+	counters_.holders_ignored = opts_.holders_ignored;
 	// (Already logged by the start: discovery::discover.)
 	ignored_warned_ = now;
 	for (const auto &ep : opts_.recorded)
@@ -316,6 +336,8 @@ void Membership::set_registered(std::span<const discovery::Donor> donors)
 										 kMaxEntries));
 				continue;
 			}
+			if (!fresh(*e, d))
+				continue; // (not registered: as if the key held nothing)
 			if (!e->registered && e->seq == 0)
 				e->seq = ++seq_;
 			e->registered = true;
@@ -324,6 +346,7 @@ void Membership::set_registered(std::span<const discovery::Donor> donors)
 		wake_ = true;
 	}
 	cv_.notify_all();
+	warn_ignored(false); // (replays, counted above)
 }
 
 void Membership::registration_put(const discovery::Donor &d)
@@ -339,13 +362,20 @@ void Membership::registration_put(const discovery::Donor &d)
 					      fmt::format("more than {} donors known", kMaxEntries));
 			return;
 		}
-		if (!e->registered)
-			e->seq = ++seq_; // registered now: asked before the donors registered earlier
-		e->registered = true;
-		e->boot_id = d.boot_id;
-		wake_ = true;
+		if (!fresh(*e, d)) { // a replay: as if the key held nothing
+			e->registered = false;
+			wake_ = true;
+		} else {
+			if (!e->registered)
+				e->seq = ++seq_; // registered now: asked before the donors registered
+						 // earlier
+			e->registered = true;
+			e->boot_id = d.boot_id;
+			wake_ = true;
+		}
 	}
 	cv_.notify_all();
+	warn_ignored(false); // (a replay, counted above)
 }
 
 void Membership::registration_gone(const Endpoint &addr)
@@ -371,12 +401,11 @@ void Membership::note_ignored(const discovery::Ignored &ignored)
 		counters_.ignored_invalid += ignored.invalid;
 		counters_.ignored_too_large += ignored.too_large;
 		counters_.ignored_beyond += ignored.beyond;
-		pending_ignored_.invalid += ignored.invalid;
-		pending_ignored_.too_large += ignored.too_large;
-		pending_ignored_.beyond += ignored.beyond;
-		for (const auto &x : ignored.examples)
-			if (pending_ignored_.examples.size() < discovery::Ignored::kExamples)
-				pending_ignored_.examples.push_back(x);
+		counters_.ignored_unsigned += ignored.unsigned_;
+		counters_.ignored_bad_cert += ignored.bad_cert;
+		counters_.ignored_bad_signature += ignored.bad_signature;
+		counters_.ignored_replayed += ignored.replayed;
+		pending_ignored_.add(ignored);
 	}
 	warn_ignored(false);
 }
@@ -422,6 +451,11 @@ std::string Membership::status_text() const
 	kv("etcd_ignored_invalid", c.ignored_invalid);
 	kv("etcd_ignored_too_large", c.ignored_too_large);
 	kv("etcd_ignored_beyond", c.ignored_beyond);
+	kv("etcd_ignored_unsigned", c.ignored_unsigned);
+	kv("etcd_ignored_bad_cert", c.ignored_bad_cert);
+	kv("etcd_ignored_bad_signature", c.ignored_bad_signature);
+	kv("etcd_ignored_replayed", c.ignored_replayed);
+	kv("etcd_holders_ignored", c.holders_ignored);
 	kv("etcd_boot_id_disbelieved", c.boot_id_disbelieved);
 	kv("etcd_events", c.events);
 	kv("etcd_listings", c.listings);
@@ -442,11 +476,24 @@ std::string Membership::metrics_text() const
 	m.sample("rdmaswap_volume_donor_probes_total", {{"result", "failed"}}, c.probes_failed);
 	m.family("rdmaswap_volume_etcd_ignored_total", "counter",
 		 "Donor entries in etcd ignored, by reason (malformed, larger than 4096 bytes, "
-		 "beyond the bounds of a listing or of the table).");
+		 "beyond the bounds of a listing or of the table; with donor-ca= unsigned, a "
+		 "certificate refused, a bad signature, a replay of an older registration).");
 	m.sample("rdmaswap_volume_etcd_ignored_total", {{"reason", "invalid"}}, c.ignored_invalid);
 	m.sample("rdmaswap_volume_etcd_ignored_total", {{"reason", "too_large"}},
 		 c.ignored_too_large);
 	m.sample("rdmaswap_volume_etcd_ignored_total", {{"reason", "beyond"}}, c.ignored_beyond);
+	m.sample("rdmaswap_volume_etcd_ignored_total", {{"reason", "unsigned"}},
+		 c.ignored_unsigned);
+	m.sample("rdmaswap_volume_etcd_ignored_total", {{"reason", "bad_cert"}},
+		 c.ignored_bad_cert);
+	m.sample("rdmaswap_volume_etcd_ignored_total", {{"reason", "bad_signature"}},
+		 c.ignored_bad_signature);
+	m.sample("rdmaswap_volume_etcd_ignored_total", {{"reason", "replayed"}},
+		 c.ignored_replayed);
+	m.single("rdmaswap_volume_etcd_holders_ignored_total", "counter",
+		 "Copies of the volume's holders record in etcd ignored at start: not signed by "
+		 "the volume key.",
+		 c.holders_ignored);
 	m.single("rdmaswap_volume_etcd_boot_id_disbelieved_total", "counter",
 		 "New boot ids in etcd that the donor itself contradicted (its session is there).",
 		 c.boot_id_disbelieved);
@@ -889,7 +936,8 @@ void Membership::apply_event(const etcd::WatchEvent &ev, discovery::Ignored &ign
 {
 	const std::string &prefix = opts_.registry.prefix;
 	if (ev.type == etcd::WatchEvent::Type::Put) {
-		if (auto d = discovery::check_donor(prefix, ev.kv.key, ev.kv.value, ignored)) {
+		if (auto d = discovery::check_donor(prefix, ev.kv.key, ev.kv.value, ignored,
+						    opts_.registry.verifier.get())) {
 			registration_put(*d);
 			return;
 		}

@@ -27,6 +27,10 @@
 //   discovery::check_donor (values over discovery::kMaxValue, malformed ones: ignored,
 //   counted, one warning per kWarnPeriod for all of them), and the steps the events wake
 //   are debounced (kDebounce apart at least).
+// - With donor-ca= (registry.verifier) only signed registrations count (check_donor: an
+//   unsigned or invalid one is as if the key held nothing: ignored, counted), and one whose
+//   signed "ts" is older than the newest seen of the same donor (a replay) is ignored too
+//   (counted: replayed). The newest "ts" is kept while the donor is in the table.
 // - Probes run in batches of at most kProbeBatch donors, kProbeWorkers at a time, each within
 //   min(kProbeBound, timeout), the batch within `timeout`: only while the set has vacancies
 //   (so a full set costs the donors nothing), never-tried donors first, the newest
@@ -127,6 +131,9 @@ public:
 		// The record as the plugin stored it at start (the donors connected at start and
 		// those that may still hold slabs).
 		std::vector<Endpoint> recorded;
+		// etcd's copies of the holders record the start ignored (not signed by the volume
+		// key): counted (etcd_holders_ignored).
+		uint64_t holders_ignored = 0;
 		// What the start's probes found: a donor that answered (`ok`, with its counts)
 		// counts as probed then; one that did not waits out a first pause.
 		struct Probed {
@@ -184,6 +191,11 @@ public:
 		uint64_t ignored_invalid = 0; // registry entries ignored: malformed
 		uint64_t ignored_too_large = 0; // ... over discovery::kMaxValue
 		uint64_t ignored_beyond = 0;  // ... beyond a listing's or the table's bound
+		// ... (donor-ca=) unsigned, a certificate refused, a bad signature, a replay
+		uint64_t ignored_unsigned = 0, ignored_bad_cert = 0, ignored_bad_signature = 0;
+		uint64_t ignored_replayed = 0;
+		// etcd's copy of the holders record ignored at start: not signed by the volume key
+		uint64_t holders_ignored = 0;
 		uint64_t boot_id_disbelieved = 0; // a new boot id the donor's session contradicted
 		uint64_t events = 0;          // watch events applied
 		uint64_t listings = 0;        // listings of the registry (the start's included)
@@ -276,6 +288,7 @@ private:
 		bool from_servers = false;
 		bool registered = false;
 		uint64_t boot_id = 0;      // as registered (0: unknown)
+		int64_t reg_ts = 0;        // the newest signed "ts" accepted (donor-ca=; 0: none)
 		long slot = -1;            // index in the volume, -1: not connected
 		uint64_t slot_boot = 0;    // the boot id when it was connected
 		Server *server = nullptr;  // while connected (the volume owns it; null: not asked)
@@ -328,6 +341,9 @@ private:
 	// The entry of `ep`, found or made (null when the table is full); caller holds mu_.
 	Entry *entry(const Endpoint &ep);
 	Entry *find(const std::string &name);
+	// With donor-ca=: false, counted as replayed, if `d` is older than the registration of
+	// the same donor seen before (else its "ts" is kept as the newest). Caller holds mu_.
+	bool fresh(Entry &e, const discovery::Donor &d);
 	void forget(size_t k); // caller holds mu_
 	uint64_t seq_ = 0;     // registrations seen (Entry::seq)
 	Counters counters_;

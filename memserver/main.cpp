@@ -179,6 +179,18 @@ int run(int argc, char **argv)
 		       "HOST:PORT that clients dial to reach this memserver, published in etcd");
 	app.add_option("--etcd-prefix", etcd_prefix,
 		       "etcd key prefix; the key is PREFIX donors/HOST:PORT (default /rdmaswap/)");
+	EtcdSecurity etcd_security; // https:// and etcd's auth (docs/deployment.md)
+	app.add_option("--etcd-cacert", etcd_security.cacert,
+		       "CA certificates (PEM) that etcd's certificate must chain to (default: the "
+		       "system's)");
+	app.add_option("--etcd-cert", etcd_security.cert,
+		       "client certificate (PEM) presented to etcd; needs --etcd-key");
+	app.add_option("--etcd-key", etcd_security.key,
+		       "its private key (PEM; mode 0600, owned by this user)");
+	app.add_option("--etcd-user", etcd_security.user,
+		       "etcd user to authenticate as; needs --etcd-password-file");
+	app.add_option("--etcd-password-file", etcd_security.password_file,
+		       "file holding that user's password (mode 0600, owned by this user)");
 	app.add_option("--log-level", level, "trace, debug, info, warn, error (default info)");
 	CLI11_PARSE(app, argc, argv);
 
@@ -234,6 +246,19 @@ int run(int argc, char **argv)
 		reg.endpoints = std::move(*eps);
 		reg.advertise = adv->str();
 		reg.prefix = etcd_prefix;
+	}
+	if (const std::string why = check_etcd_security(etcd_security, reg.endpoints, "--");
+	    !why.empty()) {
+		log->error("{}", why);
+		return 2;
+	}
+	if (etcd_security.any()) {
+		try { // (read now: the files need not stay readable)
+			reg.credentials = std::make_shared<const etcd::Credentials>(etcd_security);
+		} catch (const std::exception &e) {
+			log->error("{}", e.what());
+			return 2;
+		}
 	}
 	// Test hook: read MemAvailable from another file than /proc/meminfo.
 	if (const char *m = getenv("RDMASWAP_MEMINFO"); m && *m)
@@ -329,6 +354,8 @@ int run(int argc, char **argv)
 			reg.slab_size = server.slab_size();
 			reg.slabs_total = server.slabs_total();
 			reg.boot_id = make_boot_id();
+			reg.donor_key = opts.donor_key; // (signed registrations: registry.h)
+			reg.donor_cert = opts.donor_cert;
 			registry = std::make_unique<Registry>(reg, [&server] {
 				return RegistryHints{server.slabs_free(), server.sessions()};
 			});

@@ -9,6 +9,7 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
+#include "common/discovery.h"
 #include "common/guarded_main.h"
 #include "common/log.h"
 
@@ -31,23 +32,36 @@ std::string registry_key(const RegistryOptions &o)
 	return o.prefix + "donors/" + o.advertise;
 }
 
-std::string registry_value(const RegistryOptions &o, const RegistryHints &h)
+namespace {
+int64_t unix_ms()
 {
-	return nlohmann::json{{"addr", o.advertise},
-			      {"boot_id", fmt::format("{:016x}", o.boot_id)},
-			      {"transport", o.transport},
-			      {"slab_size", o.slab_size},
-			      {"slabs_total", o.slabs_total},
-			      {"slabs_free", h.slabs_free},
-			      {"sessions", h.sessions},
-			      {"auth", o.auth}}
-		.dump();
+	return std::chrono::duration_cast<milliseconds>(
+		       std::chrono::system_clock::now().time_since_epoch())
+		.count();
+}
+} // namespace
+
+std::string registry_value(const RegistryOptions &o, const RegistryHints &h, int64_t ts_ms)
+{
+	const std::string fields = nlohmann::json{{"addr", o.advertise},
+						  {"boot_id", fmt::format("{:016x}", o.boot_id)},
+						  {"transport", o.transport},
+						  {"slab_size", o.slab_size},
+						  {"slabs_total", o.slabs_total},
+						  {"slabs_free", h.slabs_free},
+						  {"sessions", h.sessions},
+						  {"auth", o.auth},
+						  {"ts", ts_ms > 0 ? ts_ms : unix_ms()}}
+					   .dump();
+	if (!o.donor_key)
+		return fields;
+	return discovery::sign_registration(registry_key(o), fields, *o.donor_key, o.donor_cert);
 }
 
 Registry::Registry(RegistryOptions opts, std::function<RegistryHints()> hints)
 	: opts_(std::move(opts)), key_(registry_key(opts_)), hints_(std::move(hints)),
 	  client_(etcd::ClientOptions{opts_.endpoints, opts_.timeout,
-				      std::min(opts_.timeout, milliseconds(1000))})
+				      std::min(opts_.timeout, milliseconds(1000)), opts_.credentials})
 {
 	// The thread's exception boundary: the memserver serves on, unregistered until the
 	// thread's body starts again (a new lease; the old one expires within its TTL).
@@ -101,10 +115,23 @@ void Registry::run()
 	bool registered = false; // our key is (as far as we know) in etcd under `lease`
 	bool outage = false;    // warned about etcd being away; an info when it is back
 	RegistryHints published; // in the value last put
+	int64_t last_ts = 0;     // the "ts" last put: each put's is larger (plugins with donor-ca=
+				 // ignore a registration older than one they saw: a replay)
 	Clock::time_point last_put{}, next_keepalive{};
 	milliseconds backoff = backoff_min;
-	log->info("etcd: registering {} (boot id {:016x}) at {}", key_, opts_.boot_id,
+	log->info("etcd: registering {} (boot id {:016x}, {}) at {}", key_, opts_.boot_id,
+		  opts_.donor_key ? "signed by the donor key" : "unsigned: plugins with donor-ca= ignore it",
 		  fmt::join(opts_.endpoints, ","));
+	if (opts_.donor_key) {
+		std::string err;
+		const auto cert = parse_cert(opts_.donor_cert, err);
+		const auto adv = canonical_cert_address(opts_.advertise);
+		if (cert && (!adv || std::find(cert->addresses.begin(), cert->addresses.end(), *adv) ==
+					     cert->addresses.end()))
+			log->warn("etcd: --advertise {} is not among the addresses of --donor-cert: "
+				  "plugins with donor-ca= will ignore this registration",
+				  opts_.advertise);
+	}
 	for (;;) {
 		const auto now = Clock::now();
 		const RegistryHints hints = hints_();
@@ -132,7 +159,8 @@ void Registry::run()
 			}
 		}
 		if (why.empty() && need_put) {
-			auto p = client_.put(key_, registry_value(opts_, hints), lease);
+			last_ts = std::max(last_ts + 1, unix_ms());
+			auto p = client_.put(key_, registry_value(opts_, hints, last_ts), lease);
 			if (p) {
 				need_put = false;
 				published = hints;

@@ -8,11 +8,13 @@
 #include <condition_variable>
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <mutex>
 #include <string>
 #include <thread>
 #include <vector>
 
+#include "common/donor_cert.h"
 #include "common/etcd.h"
 
 namespace rdmaswap {
@@ -26,6 +28,10 @@ struct RegistryOptions {
 	uint64_t slab_size = 0;
 	uint32_t slabs_total = 0;
 	uint64_t boot_id = 0; // random per start: a new one tells clients the slabs are gone
+	// --donor-key, --donor-cert: the registration is signed (discovery::sign_registration),
+	// so that plugins with donor-ca= use it. Null: unsigned (they ignore it).
+	std::shared_ptr<const SigningKey> donor_key;
+	std::vector<std::byte> donor_cert;
 	std::chrono::seconds ttl{10};                 // the lease's TTL
 	std::chrono::milliseconds keepalive{3000};    // keepalive period
 	std::chrono::milliseconds poll{500};          // how often the hints are looked at
@@ -34,6 +40,8 @@ struct RegistryOptions {
 	std::chrono::milliseconds backoff_max{5000};  // retry period cap while etcd is away
 	std::chrono::milliseconds timeout{2000};      // each etcd request, per endpoint
 	std::chrono::milliseconds stop_bound{2000};   // the deregistration at stop
+	// TLS and etcd auth (--etcd-cacert ... --etcd-password-file), read at start; null: none.
+	std::shared_ptr<const etcd::Credentials> credentials;
 };
 
 // What the value says that changes while the memserver runs: hints for the clients' choice of
@@ -45,9 +53,13 @@ struct RegistryHints {
 
 // A random 64-bit boot id (never 0).
 uint64_t make_boot_id();
-// The key and the JSON value the memserver registers (tests/unit/test_etcd.cpp reads them).
+// The key and the JSON value the memserver registers (tests/unit/test_etcd.cpp reads them):
+// {"addr","boot_id","transport","slab_size","slabs_total","slabs_free","sessions","auth","ts"}
+// with `ts_ms` (unix milliseconds; 0: now), and with a donor key "cert" and "sig"
+// (discovery::sign_registration over the key and every field). Throws std::runtime_error if
+// signing fails.
 std::string registry_key(const RegistryOptions &o);
-std::string registry_value(const RegistryOptions &o, const RegistryHints &h);
+std::string registry_value(const RegistryOptions &o, const RegistryHints &h, int64_t ts_ms = 0);
 
 class Registry {
 public:

@@ -193,6 +193,8 @@ struct Config {
 	std::vector<std::string> etcd; // etcd=: client URLs; empty: no discovery
 	std::string etcd_prefix{discovery::kDefaultPrefix}; // etcd-prefix=
 	bool etcd_prefix_set = false;
+	EtcdSecurity etcd_security; // etcd-cacert= ... etcd-password-file=
+	std::shared_ptr<const etcd::Credentials> etcd_credentials; // their files, read once
 	std::string donor_cache; // donor-cache=; default: discovery::default_cache_path()
 	std::string backup;      // backup=FILE: the disk backup tier (none by default)
 	uint64_t backup_queue = 32 << 20; // backup-queue=SIZE
@@ -205,6 +207,7 @@ struct Config {
 	std::chrono::milliseconds timeout{10000};
 	std::shared_ptr<const AuthKey> auth_key; // auth-key=; null only with insecure=true
 	std::string donor_ca, donor_crl; // donor-ca=, donor-crl= (donor_cert.h)
+	std::shared_ptr<DonorVerifier> donor_verifier; // of donor-ca=: handshakes, registrations
 	bool insecure = false;
 	std::string volume;    // volume=; default: default_volume_name()
 	std::string volume_key_path; // volume-key=; default: default_volume_key_path()
@@ -544,6 +547,11 @@ int rdmaswap_config(const char *key, const char *value)
 		}
 		g_cfg.etcd_prefix = value;
 		g_cfg.etcd_prefix_set = true;
+	} else if (std::string why; set_etcd_security_key(g_cfg.etcd_security, k, value, why)) {
+		if (!why.empty()) {
+			nbdkit_error("rdmaswap: %s", why.c_str());
+			return -1;
+		}
 	} else if (k == "donor-cache") {
 		if (config_path(key, value, g_cfg.donor_cache) < 0)
 			return -1;
@@ -703,6 +711,20 @@ int rdmaswap_config_complete()
 			     g_cfg.etcd_prefix_set ? "etcd-prefix" : "donor-cache");
 		return -1;
 	}
+	if (const std::string why = check_etcd_security(g_cfg.etcd_security, g_cfg.etcd, "");
+	    !why.empty()) {
+		nbdkit_error("rdmaswap: %s", why.c_str());
+		return -1;
+	}
+	if (g_cfg.etcd_security.any()) {
+		try { // (read before nbdkit forks: every etcd client uses them)
+			g_cfg.etcd_credentials =
+				std::make_shared<const etcd::Credentials>(g_cfg.etcd_security);
+		} catch (const std::exception &e) {
+			nbdkit_error("rdmaswap: %s", e.what());
+			return -1;
+		}
+	}
 	if (g_cfg.size == 0) {
 		nbdkit_error("rdmaswap: size=SIZE is required");
 		return -1;
@@ -735,8 +757,9 @@ int rdmaswap_config_complete()
 	}
 	if (!g_cfg.donor_ca.empty()) {
 		try {
-			g_cfg.auth_key = g_cfg.auth_key->with_donor_check(
-				std::make_shared<DonorVerifier>(g_cfg.donor_ca, g_cfg.donor_crl));
+			g_cfg.donor_verifier =
+				std::make_shared<DonorVerifier>(g_cfg.donor_ca, g_cfg.donor_crl);
+			g_cfg.auth_key = g_cfg.auth_key->with_donor_check(g_cfg.donor_verifier);
 		} catch (const std::exception &e) {
 			nbdkit_error("rdmaswap: donor-ca=: %s", e.what());
 			return -1;
@@ -824,7 +847,9 @@ static discovery::ListOptions etcd_list_options()
 	discovery::ListOptions o;
 	o.endpoints = g_cfg.etcd;
 	o.prefix = g_cfg.etcd_prefix;
+	o.verifier = g_cfg.donor_verifier; // (donor-ca=: signed registrations only)
 	o.timeout = g_cfg.timeout;
+	o.credentials = g_cfg.etcd_credentials; // (etcd-cacert= ...: TLS and etcd's auth)
 	return o;
 }
 
@@ -835,6 +860,7 @@ int64_t g_listed_revision = 0; // the start's listing's revision (0: none)
 // The donors etcd's copy of the holders record names (read_holders): contacted at start, but on
 // etcd's word alone none counts as missing or enters the local record (issue 26, S2).
 std::vector<Endpoint> g_etcd_holders;
+uint64_t g_holders_ignored = 0; // etcd's copy ignored: not signed by the volume key
 
 // The holders record's unreachable times (holders::Unreachable): as the start read them
 // (read_holders), and as this run keeps them (bound_holders), cleared for a donor as it is
@@ -858,11 +884,15 @@ static std::optional<std::vector<Endpoint>> read_holders()
 		warn("%s: every donor is contacted at this start", e.what());
 	}
 	if (!g_cfg.etcd.empty()) {
-		const auto got = holders::get_etcd(etcd_list_options(), g_cfg.volume);
-		if (got.status == holders::EtcdRecord::Status::Failed)
+		const auto got = holders::get_etcd(etcd_list_options(), g_cfg.volume,
+						   &g_cfg.volume_key->public_key());
+		if (got.status == holders::EtcdRecord::Status::Failed) {
 			nbdkit_debug("rdmaswap: etcd: the holders record not read: %s",
 				     got.why.c_str());
-		else
+		} else if (got.status == holders::EtcdRecord::Status::Ignored) {
+			g_holders_ignored++; // (issue 26: only a copy this volume's key signed)
+			warn("etcd: the holders record ignored: %s", got.why.c_str());
+		} else
 			for (const auto &ep : got.donors) {
 				// Not into the record: a donor named by etcd alone is contacted, kept
 				// only if it hands slabs of the volume back (issue 26, S2).
@@ -887,7 +917,8 @@ static std::string store_holders(const std::vector<Endpoint> &donors)
 	g_recorded = donors;
 	if (!g_cfg.etcd.empty())
 		if (const std::string why = holders::put_etcd(etcd_list_options(), g_cfg.volume,
-							       donors, g_unreachable);
+							       donors, g_unreachable,
+							       g_cfg.volume_key.get());
 		    !why.empty())
 			logger("membership")->debug("etcd: the holders record not stored: {}", why);
 	return "";
@@ -1299,6 +1330,7 @@ static int start_serving()
 		if (g_recording)
 			mo.record = write_holders;
 		mo.recorded = plan.record;
+		mo.holders_ignored = g_holders_ignored;
 		// What the start learnt: etcd's listing (the watch goes on from its revision) and
 		// the probes' answers; later registrations are probed before they are used.
 		mo.registered = std::move(g_registered);
@@ -1419,6 +1451,12 @@ struct nbdkit_plugin make_plugin() noexcept
 			"etcd=URL[,URL...]   use the memservers registered in etcd, found at\n"
 			"                    start and watched (http://HOST:PORT of its members)\n"
 			"etcd-prefix=PREFIX  etcd key prefix (default /rdmaswap/)\n"
+			"etcd-cacert=FILE    CA (PEM) of etcd's https:// certificate\n"
+			"                    (default: the system's)\n"
+			"etcd-cert=FILE      client certificate (PEM) for etcd, with etcd-key=\n"
+			"etcd-key=FILE       its private key (PEM, mode 0600)\n"
+			"etcd-user=NAME      etcd user, with etcd-password-file=\n"
+			"etcd-password-file=FILE  its password (mode 0600)\n"
 			"donor-cache=FILE    the donors of the last etcd listing, read when etcd\n"
 			"                    is down (default: STATE/VOLUME.donors beside the\n"
 			"                    default volume key)\n"

@@ -163,7 +163,7 @@ TEST_CASE("registry: key and value", "[etcd]")
 	o.slabs_total = 64;
 	o.boot_id = 0x00ab0000000000cdULL;
 	CHECK(registry_key(o) == "/rdmaswap/donors/10.0.0.7:7471");
-	auto v = nlohmann::json::parse(registry_value(o, {.slabs_free = 60, .sessions = 3}));
+	auto v = nlohmann::json::parse(registry_value(o, {.slabs_free = 60, .sessions = 3}, 1234));
 	CHECK(v == nlohmann::json{{"addr", "10.0.0.7:7471"},
 				  {"boot_id", "00ab0000000000cd"},
 				  {"transport", "tcp"},
@@ -171,7 +171,8 @@ TEST_CASE("registry: key and value", "[etcd]")
 				  {"slabs_total", 64},
 				  {"slabs_free", 60},
 				  {"sessions", 3},
-				  {"auth", true}});
+				  {"auth", true},
+				  {"ts", 1234}}); // (no donor key: unsigned, test_signed_etcd.cpp)
 	// No sessions is published as 0, not left out.
 	CHECK(nlohmann::json::parse(registry_value(o, {.slabs_free = 64}))["sessions"] == 0);
 	CHECK(make_boot_id() != 0);
