@@ -155,21 +155,10 @@ std::optional<PublicKey> parse_public_key(std::string_view text)
 	if (!text.empty() && text.back() == '\n')
 		text.remove_suffix(1);
 	PublicKey pub{};
-	if (text.size() != 2 * pub.size())
+	const auto bytes = unhex(text);
+	if (!bytes || bytes->size() != pub.size())
 		return std::nullopt;
-	auto nibble = [](char c) -> int {
-		if (c >= '0' && c <= '9')
-			return c - '0';
-		if (c >= 'a' && c <= 'f')
-			return c - 'a' + 10;
-		return -1;
-	};
-	for (size_t i = 0; i < pub.size(); i++) {
-		const int hi = nibble(text[2 * i]), lo = nibble(text[2 * i + 1]);
-		if (hi < 0 || lo < 0)
-			return std::nullopt;
-		pub[i] = std::byte(hi << 4 | lo);
-	}
+	std::copy(bytes->begin(), bytes->end(), pub.begin());
 	return pub;
 }
 

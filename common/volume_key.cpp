@@ -225,4 +225,25 @@ std::string hex(std::span<const std::byte> b)
 	return s;
 }
 
+std::optional<std::vector<std::byte>> unhex(std::string_view text)
+{
+	if (text.size() % 2)
+		return std::nullopt;
+	auto nibble = [](char c) -> int {
+		if (c >= '0' && c <= '9')
+			return c - '0';
+		if (c >= 'a' && c <= 'f')
+			return c - 'a' + 10;
+		return -1;
+	};
+	std::vector<std::byte> out(text.size() / 2);
+	for (size_t i = 0; i < out.size(); i++) {
+		const int hi = nibble(text[2 * i]), lo = nibble(text[2 * i + 1]);
+		if (hi < 0 || lo < 0)
+			return std::nullopt;
+		out[i] = std::byte(hi << 4 | lo);
+	}
+	return out;
+}
+
 } // namespace rdmaswap

@@ -1,20 +1,25 @@
 // SPDX-License-Identifier: MIT
-// rdmaswapctl ca create, donor-key create, cert issue|show|revoke, crl create|show: the
+// rdmaswapctl ca create, donor-key create, cert issue|show|list|revoke, crl create|show: the
 // operator's CA and the donor certificates it signs (common/donor_cert.h).
 #include "tools/rdmaswapctl_cert.h"
 
+#include <fcntl.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <array>
 #include <chrono>
+#include <cerrno>
 #include <cstdio>
 #include <cstring>
 #include <ctime>
+#include <fstream>
 #include <map>
 #include <optional>
 #include <stdexcept>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "common/auth.h"
@@ -31,6 +36,7 @@ int cert_usage()
 		     "       rdmaswapctl cert issue ca-key=FILE donor-key=FILE name=NAME "
 		     "addresses=IP[:PORT][,...] days=N [out=FILE]\n"
 		     "       rdmaswapctl cert show FILE [ca=CA.pub] [crl=FILE]\n"
+		     "       rdmaswapctl cert list ca-key=FILE [crl=FILE]\n"
 		     "       rdmaswapctl cert revoke ca-key=FILE serial=N crl=FILE\n"
 		     "       rdmaswapctl crl create ca-key=FILE crl=FILE\n"
 		     "       rdmaswapctl crl show FILE [ca=CA.pub]\n");
@@ -124,6 +130,30 @@ RevocationList read_crl(const std::string &path, const PublicKey *ca)
 	return *l;
 }
 
+// The CA's issue log, FILE.issued beside its key FILE: one line per certificate `cert issue`
+// made, "serial name not_after hex(certificate)", appended (O_APPEND: a line is one write).
+std::string issue_log(const std::string &ca_key)
+{
+	return ca_key + ".issued";
+}
+
+void log_issued(const std::string &ca_key, const DonorCert &c)
+{
+	const std::string path = issue_log(ca_key);
+	const std::string line = std::to_string(c.serial) + " " + c.name + " " + utc(c.not_after) +
+				 " " + hex(c.encode()) + "\n";
+	const int fd = ::open(path.c_str(), O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC | O_NOFOLLOW,
+			      0600);
+	if (fd < 0)
+		throw std::runtime_error("issue log " + path + ": " + std::strerror(errno));
+	const ssize_t n = ::write(fd, line.data(), line.size());
+	const int e = errno;
+	::close(fd);
+	if (n != ssize_t(line.size()))
+		throw std::runtime_error("issue log " + path + ": " +
+					 (n < 0 ? std::strerror(e) : "short write"));
+}
+
 int key_create(int argc, char **argv, const char *kind)
 {
 	if (argc != 4 || std::strcmp(argv[2], "create") != 0)
@@ -168,6 +198,7 @@ int cert_issue(int argc, char **argv)
 				       now + int64_t(days) * 86400, serial);
 	const std::string out = a.count("out") ? a.at("out") : name + ".cert";
 	write_cert_file(out, c.encode(), 0644);
+	log_issued(need(a, "ca-key"), c);
 	std::printf("certificate: %s\n", out.c_str());
 	print_cert(c);
 	return 0;
@@ -199,6 +230,50 @@ int cert_show(int argc, char **argv)
 	}
 	std::printf("valid=%s\n", why.empty() ? "yes" : ("no (" + why + ")").c_str());
 	return why.empty() ? 0 : 1;
+}
+
+// Every certificate in the CA's issue log, one line each: serial, name, addresses, expiry and
+// its state now (valid, expired, revoked, or why the CA does not vouch for it).
+int cert_list(int argc, char **argv)
+{
+	const auto a = args(argc, argv, 3, {"ca-key", "crl"});
+	const std::string &key = need(a, "ca-key");
+	const PublicKey ca = read_public_key(key + ".pub");
+	std::optional<RevocationList> crl;
+	if (a.count("crl"))
+		crl = read_crl(a.at("crl"), &ca);
+	std::ifstream in(issue_log(key));
+	if (!in)
+		throw std::runtime_error("issue log " + issue_log(key) +
+					 ": cannot be read (no certificate issued with this CA key?)");
+	const int64_t now = now_s();
+	std::string line;
+	size_t n = 0, bad = 0;
+	while (std::getline(in, line)) {
+		const size_t sp = line.rfind(' ');
+		const auto bytes = unhex(sp == std::string::npos ? "" : std::string_view(line).substr(sp + 1));
+		std::string err;
+		const auto c = bytes ? parse_cert(*bytes, err) : std::nullopt;
+		if (!c) {
+			bad++;
+			continue;
+		}
+		std::string state = cert_problem(*c, ca, now);
+		if (state.empty())
+			state = crl && crl->revoked(c->serial) ? "revoked" : "valid";
+		std::string addrs;
+		for (const auto &x : c->addresses)
+			addrs += (addrs.empty() ? "" : ",") + x;
+		std::printf("serial=%llu name=%s addresses=%s not_after=%s state=%s\n",
+			    static_cast<unsigned long long>(c->serial), c->name.c_str(), addrs.c_str(),
+			    utc(c->not_after).c_str(), state.c_str());
+		n++;
+	}
+	if (bad)
+		std::fprintf(stderr, "rdmaswapctl: %zu unreadable lines in %s\n", bad,
+			     issue_log(key).c_str());
+	std::printf("%zu certificates%s\n", n, crl ? "" : " (no crl=: revocations not shown)");
+	return bad ? 1 : 0;
 }
 
 int cert_revoke(int argc, char **argv)
@@ -277,6 +352,8 @@ int cert_command(int argc, char **argv)
 			return cert_issue(argc, argv);
 		if (cmd == "cert" && sub == "show")
 			return cert_show(argc, argv);
+		if (cmd == "cert" && sub == "list")
+			return cert_list(argc, argv);
 		if (cmd == "cert" && sub == "revoke")
 			return cert_revoke(argc, argv);
 		if (cmd == "crl" && sub == "create")

@@ -56,6 +56,11 @@ grep -q 'donors are not authenticated' "$NBDKIT_LOG" && fail "warned of no donor
 # port): the plugin's new connections to it must be refused as revoked.
 "$RDMASWAPCTL" cert revoke ca-key="$DONOR_CA_KEY" serial="$A_SERIAL" crl="$DONOR_CRL" >/dev/null ||
     fail "cert revoke"
+# The CA's list of what it issued shows a's certificate revoked and the others valid.
+listed=$("$RDMASWAPCTL" cert list ca-key="$DONOR_CA_KEY" crl="$DONOR_CRL") || fail "cert list"
+grep -q "^serial=$A_SERIAL name=a .* state=revoked$" <<<"$listed" ||
+    fail "cert list does not show a's certificate revoked:"$'\n'"$listed"
+grep -q " state=valid$" <<<"$listed" || fail "cert list shows no valid certificate:"$'\n'"$listed"
 kill -KILL "$A_PID"
 wait "$A_PID" 2>/dev/null || true
 MEMSERVER_FIXED_PORT=$A_PORT start_memserver 16M 1M \
