@@ -24,6 +24,7 @@
 
 #include "common/auth.h"
 #include "common/donor_cert.h"
+#include "common/err_text.h"
 
 namespace rdmaswap {
 namespace {
@@ -145,13 +146,13 @@ void log_issued(const std::string &ca_key, const DonorCert &c)
 	const int fd = ::open(path.c_str(), O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC | O_NOFOLLOW,
 			      0600);
 	if (fd < 0)
-		throw std::runtime_error("issue log " + path + ": " + std::strerror(errno));
+		throw std::runtime_error("issue log " + path + ": " + err_text(errno));
 	const ssize_t n = ::write(fd, line.data(), line.size());
 	const int e = errno;
 	::close(fd);
 	if (n != ssize_t(line.size()))
 		throw std::runtime_error("issue log " + path + ": " +
-					 (n < 0 ? std::strerror(e) : "short write"));
+					 (n < 0 ? err_text(e) : "short write"));
 }
 
 int key_create(int argc, char **argv, const char *kind)
