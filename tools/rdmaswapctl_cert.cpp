@@ -198,8 +198,8 @@ int cert_issue(int argc, char **argv)
 	const DonorCert c = issue_cert(*ca, donor, name, addrs, now - 60,
 				       now + int64_t(days) * 86400, serial);
 	const std::string out = a.count("out") ? a.at("out") : name + ".cert";
+	log_issued(need(a, "ca-key"), c); // (first: a certificate out there is always listed)
 	write_cert_file(out, c.encode(), 0644);
-	log_issued(need(a, "ca-key"), c);
 	std::printf("certificate: %s\n", out.c_str());
 	print_cert(c);
 	return 0;
