@@ -295,7 +295,8 @@ Memserver::Next Memserver::Handlers::bind(Memserver &m, Request &r)
 	// Its quota owner from now on: the volume key. Volume keys are free to mint, so one
 	// address binds at most --max-peer-owners distinct ones per period.
 	const std::string qowner = key_owner(hex(req.pubkey));
-	if (!m.owner_window_.admit(r.c.addr, qowner, OwnerWindow::Clock::now())) {
+	if (m.owner_window_.max() > 0 &&
+	    !m.owner_window_.admit(r.c.addr, qowner, OwnerWindow::Clock::now())) {
 		m.warn_peer(PeerEvent::Limit,
 			    fmt::format("{}: BIND of volume {} refused (EUSERS): {} has bound {} "
 					"other volume keys in the last {} s (--max-peer-owners)",

@@ -156,9 +156,12 @@ int run(int argc, char **argv)
 	app.add_option("--max-owner-slabs", opts.max_owner_slabs,
 		       "slabs one owner (a volume key) may hold at most (default 0: only "
 		       "--max-owner-share applies)");
-	app.add_option("--max-peer-owners", opts.max_peer_owners,
+	int64_t max_peer_owners = -1; // (unset: 16 with a quota, else none)
+	app.add_option("--max-peer-owners", max_peer_owners,
 		       "distinct volume keys one address may bind within the last --max-lease "
-		       "(at least an hour); more BINDs are refused with EUSERS (default 16)");
+		       "(at least an hour); more BINDs are refused with EUSERS (0: no bound; "
+		       "default 16 when --max-owner-share or --max-owner-slabs sets a quota, "
+		       "else 0)");
 	app.add_option("--max-peer-sessions", opts.max_peer_sessions,
 		       "sessions (live or detached) created from one address; more are refused "
 		       "(default 64)");
@@ -274,11 +277,16 @@ int run(int argc, char **argv)
 		log->error("--threads must be 0 (one per CPU) to 256, --workers 1 to 256");
 		return 2;
 	}
-	if (opts.max_owner_share == 0 || opts.max_owner_share > 100 || opts.max_peer_owners == 0) {
-		log->error("--max-owner-share must be 1 to 100 (percent), --max-peer-owners at least "
-			   "1");
+	if (opts.max_owner_share == 0 || opts.max_owner_share > 100 || max_peer_owners < -1 ||
+	    max_peer_owners > 1000000) {
+		log->error("--max-owner-share must be 1 to 100 (percent), --max-peer-owners 0 to "
+			   "1000000");
 		return 2;
 	}
+	// Volume keys are free to mint: a quota per key is worth something only if the keys one
+	// address may bind are bounded too.
+	const bool quota = opts.max_owner_share < 100 || opts.max_owner_slabs > 0;
+	opts.max_peer_owners = max_peer_owners >= 0 ? unsigned(max_peer_owners) : quota ? 16 : 0;
 	if (opts.max_floors == 0 || opts.max_peer_sessions == 0 || opts.max_peer_connections == 0) {
 		log->error("--max-floors, --max-peer-sessions and --max-peer-connections must be at "
 			   "least 1");

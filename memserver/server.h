@@ -96,7 +96,7 @@ struct MemserverOptions {
 	// (EUSERS).
 	unsigned max_owner_share = 100;
 	uint32_t max_owner_slabs = 0;
-	unsigned max_peer_owners = 16;
+	unsigned max_peer_owners = 0; // 0: no bound (main: 16 by default when a quota is set)
 	// --connect-rate: new connections per second from one address (a token bucket with a
 	// burst of twice that; 0: no limit); --max-peer-connections: connections open at once
 	// from one address (never more than max_connections). Over either, the accept loop
