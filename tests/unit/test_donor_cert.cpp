@@ -23,24 +23,15 @@
 #include "common/log.h"
 #include "common/protocol.h"
 #include "common/tcp/rpc.h"
+#include "key_helpers.h"
 #include "memserver/server.h"
 
 using namespace rdmaswap;
 using namespace std::chrono_literals;
+using rdmaswap::test::now_s;
+using rdmaswap::test::secret;
 
 namespace {
-
-std::shared_ptr<const AuthKey> secret(const std::string &s)
-{
-	return std::make_shared<const AuthKey>(std::as_bytes(std::span(s.data(), s.size())));
-}
-
-int64_t now_s()
-{
-	return std::chrono::duration_cast<std::chrono::seconds>(
-		       std::chrono::system_clock::now().time_since_epoch())
-		.count();
-}
 
 struct TmpDir {
 	TmpDir()

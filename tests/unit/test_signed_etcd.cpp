@@ -22,6 +22,7 @@
 #include "common/membership.h"
 #include "common/volume_key.h"
 #include "fake_transport.h"
+#include "key_helpers.h"
 #include "memserver/registry.h"
 #include "volume_helpers.h"
 
@@ -29,18 +30,6 @@ using namespace rdmaswap;
 using namespace rdmaswap::test;
 
 namespace {
-
-std::shared_ptr<const AuthKey> secret(const std::string &s)
-{
-	return std::make_shared<const AuthKey>(std::as_bytes(std::span(s.data(), s.size())));
-}
-
-int64_t now_s()
-{
-	return std::chrono::duration_cast<std::chrono::seconds>(
-		       std::chrono::system_clock::now().time_since_epoch())
-		.count();
-}
 
 const SigningKey &ca()
 {
