@@ -475,21 +475,10 @@ std::string read_credential_file(const char *what, const std::string &path, bool
 		throw std::runtime_error(name + ": larger than " +
 					 std::to_string(kMaxCredentialFile) + " bytes");
 	std::string text(size_t(st.st_size), '\0');
-	size_t done = 0;
-	while (done < text.size()) {
-		const ssize_t r = ::read(fd, text.data() + done, text.size() - done);
-		if (r < 0 && errno == EINTR)
-			continue;
-		if (r < 0) {
-			const int e = errno;
-			OPENSSL_cleanse(text.data(), text.size());
-			throw std::runtime_error(name + ": " + err_text(e));
-		}
-		if (r == 0)
-			break;
-		done += size_t(r);
+	if (const int e = read_fd_into(fd, text); e != 0) {
+		OPENSSL_cleanse(text.data(), text.size());
+		throw std::runtime_error(name + ": " + err_text(e));
 	}
-	text.resize(done);
 	return text;
 }
 

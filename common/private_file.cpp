@@ -105,20 +105,27 @@ std::string read_small_file(const std::string &path, size_t max_bytes,
 	if (uint64_t(st.st_size) > max_bytes)
 		return fmt::format("larger than {} bytes", max_bytes);
 	std::string text(size_t(st.st_size), '\0');
+	if (const int e = read_fd_into(fd, text); e != 0)
+		return std::string("read: ") + err_text(e);
+	bytes = std::move(text);
+	return "";
+}
+
+int read_fd_into(int fd, std::string &text)
+{
 	size_t done = 0;
 	while (done < text.size()) {
 		const ssize_t r = ::read(fd, text.data() + done, text.size() - done);
 		if (r < 0 && errno == EINTR)
 			continue;
 		if (r < 0)
-			return errno_text("read");
+			return errno;
 		if (r == 0)
 			break;
 		done += size_t(r);
 	}
 	text.resize(done);
-	bytes = std::move(text);
-	return "";
+	return 0;
 }
 
 std::string user_text(uid_t uid)

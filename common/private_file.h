@@ -37,6 +37,10 @@ inline constexpr size_t kMaxStateFile = 1 << 20;
 // "larger than N bytes", "read: ...") and `bytes` is nullopt.
 std::string read_small_file(const std::string &path, size_t max_bytes,
 			    std::optional<std::string> &bytes);
+// Read `fd` into `text` (sized by the caller, e.g. from fstat) until it is full or the file
+// ends (then `text` is cut to what was read), retrying EINTR. 0, or the errno of a failed read
+// (`text` then holds what was read so far, at its full size: wipe it if it is secret).
+int read_fd_into(int fd, std::string &text);
 
 // Whether the file `st` describes (fstat of a descriptor opened with O_NOFOLLOW) may hold
 // secrets of this process: "" if it is owned by the process's effective user and has no group
