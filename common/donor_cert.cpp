@@ -256,6 +256,19 @@ std::vector<std::byte> DonorCert::encode() const
 	return b;
 }
 
+bool DonorCert::lists(std::string_view addr) const
+{
+	return std::find(addresses.begin(), addresses.end(), addr) != addresses.end();
+}
+
+std::string DonorCert::address_list() const
+{
+	std::string list;
+	for (const auto &a : addresses)
+		list += (list.empty() ? "" : ",") + a;
+	return list;
+}
+
 std::optional<DonorCert> parse_cert(std::span<const std::byte> in, std::string &err)
 {
 	auto fail = [&err](const char *why) {
@@ -340,7 +353,7 @@ DonorCert issue_cert(const SigningKey &ca, const PublicKey &donor, std::string_v
 				"address '" + a + "': a numeric IPv4 or IPv6 address with an optional "
 				"port (IP, IP:PORT, [V6]:PORT): a certificate names the addresses "
 				"plugins dial, not host names");
-		if (std::find(c.addresses.begin(), c.addresses.end(), *canon) == c.addresses.end())
+		if (!c.lists(*canon))
 			c.addresses.push_back(*canon);
 	}
 	c.signature = ca.sign(labelled(kCertLabel, c.signed_part()));
@@ -572,14 +585,9 @@ std::string DonorVerifier::check(const DonorCert &cert, std::string_view dialled
 			return "certificate revoked (serial " + std::to_string(cert.serial) +
 			       " is in " + crl_path_ + ")";
 	}
-	if (std::find(cert.addresses.begin(), cert.addresses.end(), dialled) ==
-	    cert.addresses.end()) {
-		std::string list;
-		for (const auto &a : cert.addresses)
-			list += (list.empty() ? "" : ",") + a;
-		return "certificate is for " + list + ", not for " + std::string(dialled) +
-		       " (the address dialled)";
-	}
+	if (!cert.lists(dialled))
+		return "certificate is for " + cert.address_list() + ", not for " +
+		       std::string(dialled) + " (the address dialled)";
 	return {};
 }
 

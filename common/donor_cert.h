@@ -86,6 +86,10 @@ struct DonorCert {
 	// The whole encoding (signature included) and the bytes the signature covers.
 	std::vector<std::byte> encode() const;
 	std::vector<std::byte> signed_part() const;
+	// Whether `addr` (canonical, canonical_cert_address) is one of its addresses.
+	bool lists(std::string_view addr) const;
+	// Its addresses, comma-separated (messages, cert list).
+	std::string address_list() const;
 };
 
 // Strict parse: every length and field range checked, nothing trailing; no signature check.

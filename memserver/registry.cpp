@@ -126,8 +126,7 @@ void Registry::run()
 		std::string err;
 		const auto cert = parse_cert(opts_.donor_cert, err);
 		const auto adv = canonical_cert_address(opts_.advertise);
-		if (cert && (!adv || std::find(cert->addresses.begin(), cert->addresses.end(), *adv) ==
-					     cert->addresses.end()))
+		if (cert && (!adv || !cert->lists(*adv)))
 			log->warn("etcd: --advertise {} is not among the addresses of --donor-cert: "
 				  "plugins with donor-ca= will ignore this registration",
 				  opts_.advertise);

@@ -262,11 +262,9 @@ int cert_list(int argc, char **argv)
 		std::string state = cert_problem(*c, ca, now);
 		if (state.empty())
 			state = crl && crl->revoked(c->serial) ? "revoked" : "valid";
-		std::string addrs;
-		for (const auto &x : c->addresses)
-			addrs += (addrs.empty() ? "" : ",") + x;
 		std::printf("serial=%llu name=%s addresses=%s not_after=%s state=%s\n",
-			    static_cast<unsigned long long>(c->serial), c->name.c_str(), addrs.c_str(),
+			    static_cast<unsigned long long>(c->serial), c->name.c_str(),
+			    c->address_list().c_str(),
 			    utc(c->not_after).c_str(), state.c_str());
 		n++;
 	}
