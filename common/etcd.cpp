@@ -43,6 +43,11 @@ constexpr char kAlphabet[] = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwx
 // gRPC codes after which another member may do better: Unavailable (no leader, a timeout inside
 // etcd, a member stopping) and DeadlineExceeded.
 constexpr int kUnavailable = 14, kDeadlineExceeded = 4;
+// A call made when its operation's deadline (timeout=) was already spent by earlier calls of
+// the same operation, e.g. the first pages of a listing.
+constexpr char kDeadlineSpent[] =
+	"etcd: the operation's deadline passed before this request was sent (earlier requests of "
+	"the same operation took it all)";
 
 int decode_char(char c)
 {
@@ -808,7 +813,7 @@ Result<std::string> Client::post_once(const char *path, const std::string &body,
 	rejected = false;
 	use_headers(with_token);
 	const size_t n = opts_.endpoints.size();
-	std::string last = "etcd: no endpoint tried";
+	std::string last;
 	for (size_t k = 0; k < n; k++) {
 		if (interrupted_.load())
 			return Result<std::string>::fail("etcd: interrupted");
@@ -818,7 +823,8 @@ Result<std::string> Client::post_once(const char *path, const std::string &body,
 		if (deadline != kNoDeadline) {
 			const auto left = duration_cast<milliseconds>(deadline - steady_clock::now());
 			if (left.count() <= 0)
-				return Result<std::string>::fail(last + "; deadline passed");
+				return Result<std::string>::fail(
+					k == 0 ? std::string(kDeadlineSpent) : last + "; deadline passed");
 			attempt = std::min(attempt, left);
 		}
 		CURL *h = curl_->h;
@@ -1035,7 +1041,7 @@ Result<Ok> Client::watch_prefix(std::string_view prefix, int64_t start_revision,
 	const std::string key = prefix.empty() ? std::string(1, '\0') : std::string(prefix);
 	const std::string body = watch_body(key, prefix_range_end(prefix), start_revision);
 	const size_t n = opts_.endpoints.size();
-	std::string last = "etcd: no endpoint tried";
+	std::string last;
 	CURL *h = curl_->h;
 	const Credentials *c = opts_.credentials.get();
 	const bool auth = c && !c->user().empty();
@@ -1049,7 +1055,8 @@ Result<Ok> Client::watch_prefix(std::string_view prefix, int64_t start_revision,
 			return Result<Ok>::fail("etcd: interrupted");
 		const auto left = duration_cast<milliseconds>(deadline - steady_clock::now());
 		if (left.count() <= 0)
-			return Result<Ok>::fail(last + "; deadline passed");
+			return Result<Ok>::fail(k == 0 ? std::string(kDeadlineSpent)
+						       : last + "; deadline passed");
 		const size_t i = (current_ + k) % n;
 		const std::string url = opts_.endpoints[i] + "/v3/watch";
 		use_headers(auth);
