@@ -20,8 +20,8 @@
 #include <thread>
 #include <vector>
 
-#include "common/log.h"
-#include "common/volume.h"
+#include "common/obs/log.h"
+#include "common/volume/volume.h"
 #include "tests/unit/fake_transport.h"
 
 using namespace rdmaswap;

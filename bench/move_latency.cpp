@@ -16,12 +16,12 @@
 #include <thread>
 #include <vector>
 
-#include "common/auth.h"
-#include "common/config.h"
-#include "common/log.h"
-#include "common/remote_server.h"
-#include "common/tcp/rpc.h"
-#include "common/volume.h"
+#include "common/wire/auth.h"
+#include "common/util/config.h"
+#include "common/obs/log.h"
+#include "common/transport/remote_server.h"
+#include "common/transport/control_client.h"
+#include "common/volume/volume.h"
 
 using namespace rdmaswap;
 using Clock = std::chrono::steady_clock;

@@ -16,10 +16,10 @@
 #include <thread>
 #include <vector>
 
-#include "common/auth.h"
-#include "common/protocol.h"
-#include "common/tcp/socket.h"
-#include "common/volume_key.h"
+#include "common/wire/auth.h"
+#include "common/wire/protocol.h"
+#include "common/net/socket.h"
+#include "common/wire/volume_key.h"
 #include "memserver/server.h"
 #include "memserver/sessions.h"
 

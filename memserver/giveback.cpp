@@ -6,7 +6,7 @@
 #include <string>
 #include <thread>
 
-#include "common/log.h"
+#include "common/obs/log.h"
 #include "memserver/server.h"
 
 namespace rdmaswap {

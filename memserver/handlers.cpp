@@ -7,9 +7,9 @@
 #include <string>
 #include <vector>
 
-#include "common/donor_cert.h"
-#include "common/err_text.h"
-#include "common/log.h"
+#include "common/wire/donor_cert.h"
+#include "common/util/err_text.h"
+#include "common/obs/log.h"
 #include "memserver/conn.h"
 #include "memserver/rdma_service.h"
 

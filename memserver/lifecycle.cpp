@@ -7,7 +7,7 @@
 #include <mutex>
 #include <thread>
 
-#include "common/log.h"
+#include "common/obs/log.h"
 #include "memserver/rdma_service.h"
 #include "memserver/server.h"
 

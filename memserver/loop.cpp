@@ -14,9 +14,9 @@
 #include <cstring>
 #include <stdexcept>
 
-#include "common/err_text.h"
-#include "common/log.h"
-#include "common/swap_safety.h"
+#include "common/util/err_text.h"
+#include "common/obs/log.h"
+#include "common/util/swap_safety.h"
 #include "memserver/conn.h"
 #include "memserver/unchecked.h"
 

@@ -4,7 +4,7 @@
 
 #include <algorithm>
 
-#include "common/metrics_text.h"
+#include "common/obs/metrics_text.h"
 
 namespace rdmaswap {
 

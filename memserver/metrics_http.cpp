@@ -17,10 +17,10 @@
 
 #include <microhttpd.h>
 
-#include "common/err_text.h"
-#include "common/guarded_main.h"
-#include "common/log.h"
-#include "common/tcp/socket.h"
+#include "common/util/err_text.h"
+#include "common/obs/guarded_main.h"
+#include "common/obs/log.h"
+#include "common/net/socket.h"
 
 namespace rdmaswap {
 

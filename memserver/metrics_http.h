@@ -28,7 +28,7 @@
 #include <string>
 #include <thread>
 
-#include "common/log.h"
+#include "common/obs/log.h"
 
 struct MHD_Daemon;
 struct MHD_Connection;

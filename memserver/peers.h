@@ -1,7 +1,7 @@
 // SPDX-License-Identifier: MIT
 // Per-peer limits of the memserver: for each source address (IP, without port), a token
 // bucket of new connections, the connections it has open, the sessions it created and a
-// limit on its per-session info lines (like common/log.h's LogLimiter, but under the table's
+// limit on its per-session info lines (like common/obs/log.h's LogLimiter, but under the table's
 // lock, and with the count of suppressed lines collected when a window ends). The table is bounded: idle addresses are evicted,
 // and when it is full of active ones a new address is refused. Thread-safe (one mutex, a leaf
 // in the memserver's lock order); nothing allocates for an address already in the table.

@@ -9,9 +9,9 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
-#include "common/discovery.h"
-#include "common/guarded_main.h"
-#include "common/log.h"
+#include "common/cluster/discovery.h"
+#include "common/obs/guarded_main.h"
+#include "common/obs/log.h"
 
 namespace rdmaswap {
 

@@ -14,8 +14,8 @@
 #include <thread>
 #include <vector>
 
-#include "common/donor_cert.h"
-#include "common/etcd.h"
+#include "common/wire/donor_cert.h"
+#include "common/net/etcd.h"
 
 namespace rdmaswap {
 

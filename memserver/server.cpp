@@ -24,9 +24,9 @@
 #include <thread>
 #include <vector>
 
-#include "common/err_text.h"
-#include "common/log.h"
-#include "common/swap_safety.h"
+#include "common/util/err_text.h"
+#include "common/obs/log.h"
+#include "common/util/swap_safety.h"
 #include "memserver/conn.h"
 #include "memserver/metrics_http.h"
 #include "memserver/rdma_service.h"

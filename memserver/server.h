@@ -23,13 +23,13 @@
 #include <thread>
 #include <vector>
 
-#include "common/auth.h"
-#include "common/config.h"
-#include "common/guarded_main.h"
-#include "common/log.h"
-#include "common/protocol.h"
-#include "common/tcp/socket.h"
-#include "common/transport.h"
+#include "common/wire/auth.h"
+#include "common/util/config.h"
+#include "common/obs/guarded_main.h"
+#include "common/obs/log.h"
+#include "common/wire/protocol.h"
+#include "common/net/socket.h"
+#include "common/transport/transport.h"
 #include "memserver/peers.h"
 #include "memserver/quota.h"
 #include "memserver/sessions.h"
@@ -40,7 +40,7 @@ namespace rdmaswap {
 
 class RdmaService;
 class MetricsServer;
-class SigningKey; // common/donor_cert.h
+class SigningKey; // common/wire/donor_cert.h
 
 struct MemserverOptions {
 	std::string listen = "0.0.0.0";
@@ -152,7 +152,7 @@ public:
 	void stop() { stop_.store(true); }
 
 	// Exception boundaries (docs/architecture.md, "Exception boundaries"): every thread of
-	// the memserver runs its body through guarded_thread (common/guarded_main.h).
+	// the memserver runs its body through guarded_thread (common/obs/guarded_main.h).
 	// A thread whose loss leaves the memserver unable to serve (an event loop, the accept
 	// loop, the RDMA event thread) failed: stop as stop() does (a clean shutdown: the
 	// connections are closed, the workers finish, the registration is removed), and make

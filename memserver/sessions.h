@@ -17,7 +17,7 @@
 #include <optional>
 #include <unordered_map>
 
-#include "common/auth.h"
+#include "common/wire/auth.h"
 #include "memserver/floors.h"
 
 namespace rdmaswap {

@@ -12,9 +12,9 @@
 #include <stdexcept>
 #include <string>
 
-#include "common/err_text.h"
-#include "common/guarded_main.h"
-#include "common/swap_safety.h"
+#include "common/util/err_text.h"
+#include "common/obs/guarded_main.h"
+#include "common/util/swap_safety.h"
 
 namespace rdmaswap {
 

@@ -6,8 +6,8 @@
 
 #include <algorithm>
 
-#include "common/log.h"
-#include "common/swap_safety.h"
+#include "common/obs/log.h"
+#include "common/util/swap_safety.h"
 
 namespace rdmaswap {
 

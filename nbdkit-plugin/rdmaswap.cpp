@@ -37,29 +37,29 @@
 
 #include <spdlog/sinks/sink.h>
 
-#include "common/backup.h"
-#include "common/auth.h"
-#include "common/config.h"
-#include "common/data_path_base.h"
-#include "common/donor_cert.h"
-#include "common/deadline.h"
-#include "common/discovery.h"
-#include "common/donor_set.h"
-#include "common/err_text.h"
-#include "common/etcd.h"
-#include "common/holders.h"
-#include "common/log.h"
-#include "common/membership.h"
-#include "common/metrics_text.h"
-#include "common/probe.h"
-#include "common/reattach.h"
-#include "common/rdma/rdma_client.h"
-#include "common/remote_server.h"
-#include "common/state_files.h"
-#include "common/swap_safety.h"
-#include "common/tcp/rpc.h"
-#include "common/volume.h"
-#include "common/volume_key.h"
+#include "common/volume/backup.h"
+#include "common/wire/auth.h"
+#include "common/util/config.h"
+#include "common/transport/data_path_base.h"
+#include "common/wire/donor_cert.h"
+#include "common/util/deadline.h"
+#include "common/cluster/discovery.h"
+#include "common/cluster/donor_set.h"
+#include "common/util/err_text.h"
+#include "common/net/etcd.h"
+#include "common/cluster/holders.h"
+#include "common/obs/log.h"
+#include "common/cluster/membership.h"
+#include "common/obs/metrics_text.h"
+#include "common/cluster/probe.h"
+#include "common/volume/reattach.h"
+#include "common/transport/rdma/client.h"
+#include "common/transport/remote_server.h"
+#include "common/volume/state_files.h"
+#include "common/util/swap_safety.h"
+#include "common/transport/control_client.h"
+#include "common/volume/volume.h"
+#include "common/wire/volume_key.h"
 
 // nbdkit -D rdmaswap.debug=1: the plugin's loggers log at debug level (default: info). nbdkit
 // prints debug and info messages only with -v. A debug flag (see nbdkit-plugin(3), "Debug
@@ -324,7 +324,7 @@ std::unique_ptr<StatusWriter> g_status;
 // timeout= on a slow donor (or be retried on the next one). This thread learns that nbdkit is
 // shutting down from its quit signals (SIGINT, SIGQUIT, SIGTERM, SIGHUP: nbdkit's handler
 // runs first, then ours writes a byte to a pipe) and then stops every network wait of the
-// process (request_stop(), common/deadline.h): waiting requests fail with EIO at once and
+// process (request_stop(), common/util/deadline.h): waiting requests fail with EIO at once and
 // nbdkit exits. Not nbdkit_nanosleep: it logs "error: aborting sleep because of server shut
 // down" on every clean shutdown. A shutdown that nbdkit starts without a signal
 // (nbdkit_shutdown() from a filter) is not seen: its requests end within their timeout.
@@ -871,7 +871,7 @@ std::mutex g_holders_mu;
 holders::Unreachable g_unreachable;
 std::vector<Endpoint> g_recorded; // the record as last stored
 
-// The holders record (spread > 0; common/membership.h): the donors that may hold slabs of
+// The holders record (spread > 0; common/cluster/membership.h): the donors that may hold slabs of
 // the volume. The local file decides; without it (a first start, or a lost file) every donor
 // may hold slabs and the start contacts them all. etcd's copy only adds donors to contact
 // (g_etcd_holders), never to the record.
@@ -1261,7 +1261,7 @@ static int start_serving()
 		}
 	}
 	// Spin briefly before sleeping in data path waits only where a core is spare: decided
-	// once, before any data path exists (common/data_path_base.h).
+	// once, before any data path exists (common/transport/data_path_base.h).
 	const unsigned cpus = affinity_cpus();
 	set_busy_poll(g_cfg.busy_poll < 0 ? cpus >= kBusyPollMinCpus : g_cfg.busy_poll == 1);
 	nbdkit_debug("rdmaswap: busy-poll=%s: %s (%u CPUs in the affinity set; auto needs %u)",

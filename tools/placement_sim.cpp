@@ -12,9 +12,9 @@
 #include <string>
 #include <vector>
 
-#include "common/donor_set.h"
-#include "common/guarded_main.h"
-#include "common/placement.h"
+#include "common/cluster/donor_set.h"
+#include "common/obs/guarded_main.h"
+#include "common/volume/placement.h"
 
 namespace {
 

@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: MIT
 // rdmaswapctl ca create, donor-key create, cert issue|show|list|revoke, crl create|show: the
-// operator's CA and the donor certificates it signs (common/donor_cert.h).
+// operator's CA and the donor certificates it signs (common/wire/donor_cert.h).
 #include "tools/rdmaswapctl_cert.h"
 
 #include <fcntl.h>
@@ -22,9 +22,9 @@
 #include <string_view>
 #include <vector>
 
-#include "common/auth.h"
-#include "common/donor_cert.h"
-#include "common/err_text.h"
+#include "common/wire/auth.h"
+#include "common/wire/donor_cert.h"
+#include "common/util/err_text.h"
 
 namespace rdmaswap {
 namespace {

@@ -1,5 +1,5 @@
 // SPDX-License-Identifier: MIT
-// libFuzzer target for the user-facing value parsers (common/config.h): parse_size,
+// libFuzzer target for the user-facing value parsers (common/util/config.h): parse_size,
 // parse_endpoint, parse_transport. Besides "no crash, no UB, no leak" it checks that what they
 // accept round-trips: a size printed in decimal parses to the same value, Endpoint::str()
 // parses to the same host and port, transport_name() parses to the same kind.
@@ -9,7 +9,7 @@
 #include <string>
 #include <string_view>
 
-#include "common/config.h"
+#include "common/util/config.h"
 #include "tests/fuzz/fuzz_check.h"
 
 using namespace rdmaswap;

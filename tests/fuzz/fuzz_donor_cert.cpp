@@ -1,5 +1,5 @@
 // SPDX-License-Identifier: MIT
-// libFuzzer target for the donor certificate formats (common/donor_cert.h): parse_cert and
+// libFuzzer target for the donor certificate formats (common/wire/donor_cert.h): parse_cert and
 // parse_crl on the whole input (their magics differ, so one corpus feeds both), and
 // canonical_cert_address on the input as text. A certificate comes from the network (a
 // memserver's DONOR_PROOF reply), a revocation list from a file the plugin re-reads while it
@@ -22,8 +22,8 @@
 #include <string_view>
 #include <vector>
 
-#include "common/config.h"
-#include "common/donor_cert.h"
+#include "common/util/config.h"
+#include "common/wire/donor_cert.h"
 #include "tests/fuzz/fuzz_check.h"
 
 using namespace rdmaswap;

@@ -1,10 +1,10 @@
 // SPDX-License-Identifier: MIT
-// libFuzzer target for the wire protocol (common/protocol.h) as a peer's bytes reach it:
+// libFuzzer target for the wire protocol (common/wire/protocol.h) as a peer's bytes reach it:
 // decode_header on the first 32 bytes, then, for a header it accepts, the body decoder(s) of
 // that op on the bytes that follow, as the memserver (requests) and the client (replies) call
 // them; then what the memserver does with a decoded request that needs no socket: the slab
-// range check of READ/WRITE (SlabPool::begin_access), the AUTH handshake (common/auth.h) and
-// the check of a BIND's volume key proof (common/volume_key.h).
+// range check of READ/WRITE (SlabPool::begin_access), the AUTH handshake (common/wire/auth.h) and
+// the check of a BIND's volume key proof (common/wire/volume_key.h).
 //
 // Properties checked besides "no crash, no UB, no leak":
 // - every decoder only accepts exactly its body size, and what it accepts re-encodes to the
@@ -27,9 +27,9 @@
 #include <string_view>
 #include <vector>
 
-#include "common/auth.h"
-#include "common/protocol.h"
-#include "common/volume_key.h"
+#include "common/wire/auth.h"
+#include "common/wire/protocol.h"
+#include "common/wire/volume_key.h"
 #include "memserver/slab_pool.h"
 #include "tests/fuzz/fuzz_check.h"
 

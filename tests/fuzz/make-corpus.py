@@ -101,7 +101,7 @@ for name, data in requests.items():
 for name, data in replies.items():
     write("fuzz-protocol", "reply-" + name, data)
 
-# Donor certificates and revocation lists (common/donor_cert.h), signed by a seed CA so that
+# Donor certificates and revocation lists (common/wire/donor_cert.h), signed by a seed CA so that
 # the fuzzer's signature, validity and bit-flip checks run; and addresses as certificates write
 # them.
 ca = w.VolumeKey(b"seed donor CA secret, 32 bytes!", "seed-ca")

@@ -9,8 +9,8 @@
 #include <thread>
 #include <vector>
 
-#include "common/etcd.h"
-#include "common/holders.h"
+#include "common/net/etcd.h"
+#include "common/cluster/holders.h"
 
 using namespace rdmaswap;
 using namespace rdmaswap::etcd;

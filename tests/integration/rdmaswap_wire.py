@@ -1,6 +1,6 @@
 # SPDX-License-Identifier: MIT
-# The rdmaswap wire protocol (common/protocol.h), its authentication (common/auth.h) and volume
-# keys (common/volume_key.h) in a few lines of Python, for test clients and impostor servers that
+# The rdmaswap wire protocol (common/wire/protocol.h), its authentication (common/wire/auth.h) and volume
+# keys (common/wire/volume_key.h) in a few lines of Python, for test clients and impostor servers that
 # speak it byte by byte. Volume keys need python3-cryptography (Ed25519).
 import hashlib
 import hmac
@@ -165,7 +165,7 @@ class VolumeKey:
 
 
 def bind_message(challenge, session_id, name, lease_s, public):
-    """What a BIND's proof signs (common/volume_key.h, bind_proof_message)."""
+    """What a BIND's proof signs (common/wire/volume_key.h, bind_proof_message)."""
     return (b"rdmaswap-volume-bind-v1" + challenge + struct.pack("<Q", session_id) +
             name.encode().ljust(64, b"\0") + struct.pack("<I", lease_s) + public)
 

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # SPDX-License-Identifier: MIT
-# The holders record of a volume in etcd (common/holders.h, issue 14) against a real
+# The holders record of a volume in etcd (common/cluster/holders.h, issue 14) against a real
 # single-member etcd on loopback: absent at first, put and read back, refused when it is
 # another volume's or not a record; with the first endpoint dead. etcdctl reads the key put
 # as the documented JSON.

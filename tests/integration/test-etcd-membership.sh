@@ -140,7 +140,7 @@ grep -q "$(b64 "${prefix}donors/$c_addr")" "$tmpdir/witness.json" &&
 wait_until 15 "nbdkit took the donor $c_addr registered during the stop" donor_is "$c_addr" ok
 t_ok=$(now)
 log "member 0 back: snapshot restored, watches cancelled at revision $rev; $c_addr in use $(elapsed "$t_cont" "$t_ok") s after"
-# Not by a watch reopened at the end of its span (30 s, common/membership.h) nor after a
+# Not by a watch reopened at the end of its span (30 s, common/cluster/membership.h) nor after a
 # failure (which it would have logged):
 "$PYTHON" -c 'import sys; sys.exit(float(sys.argv[2]) - float(sys.argv[1]) >= 28)' "$t_nbdkit" "$t_ok" ||
     fail "$c_addr was taken $(elapsed "$t_nbdkit" "$t_ok") s after nbdkit started: not proven to be by the cancelled watch"

@@ -48,7 +48,7 @@ etcd_args=(--etcd "$ETCD_ENDPOINTS" --advertise @ADDR@ --etcd-prefix "$prefix")
 check="$RDMASWAP_BUILD/tests/integration/etcd-client-check"
 [[ -x $check ]] || fail "not built: $check"
 
-# 0. The client itself (common/etcd), with the first member's URL wrong (a dead port): a watch
+# 0. The client itself (common/net/etcd), with the first member's URL wrong (a dead port): a watch
 # sees a put and a delete; a watch from a compacted revision is cancelled with the compaction's
 # revision.
 dead="http://127.0.0.1:$(free_port)"

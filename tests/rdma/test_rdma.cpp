@@ -11,12 +11,12 @@
 #include <thread>
 #include <vector>
 
-#include "common/auth.h"
-#include "common/log.h"
-#include "common/tcp/rpc.h"
-#include "common/rdma/rdma_client.h"
-#include "common/remote_server.h"
-#include "common/volume.h"
+#include "common/wire/auth.h"
+#include "common/obs/log.h"
+#include "common/transport/control_client.h"
+#include "common/transport/rdma/client.h"
+#include "common/transport/remote_server.h"
+#include "common/volume/volume.h"
 #include "memserver/server.h"
 
 using namespace rdmaswap;

@@ -1,5 +1,5 @@
 // SPDX-License-Identifier: MIT
-// In-memory fakes of the Server / DataPath interfaces (common/transport.h) for unit tests.
+// In-memory fakes of the Server / DataPath interfaces (common/transport/transport.h) for unit tests.
 //
 // A FakeBackend is the shared state of one fake memserver: its slabs, counters, injected
 // failures and the list of contract violations its data paths saw. FakeServer (owned by the
@@ -22,7 +22,7 @@
 #include <thread>
 #include <vector>
 
-#include "common/transport.h"
+#include "common/transport/transport.h"
 
 namespace rdmaswap::test {
 

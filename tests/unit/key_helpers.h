@@ -8,7 +8,7 @@
 #include <span>
 #include <string>
 
-#include "common/auth.h"
+#include "common/wire/auth.h"
 
 namespace rdmaswap::test {
 

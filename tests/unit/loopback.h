@@ -9,7 +9,7 @@
 
 #include <catch2/catch.hpp>
 
-#include "common/tcp/socket.h"
+#include "common/net/socket.h"
 
 namespace rdmaswap::test {
 

@@ -12,7 +12,7 @@
 #include <system_error>
 #include <vector>
 
-#include "common/config.h"
+#include "common/util/config.h"
 
 namespace rdmaswap::test {
 

@@ -15,8 +15,8 @@
 #include <string>
 #include <vector>
 
-#include "common/auth.h"
-#include "common/protocol.h"
+#include "common/wire/auth.h"
+#include "common/wire/protocol.h"
 
 using namespace rdmaswap;
 using namespace std::chrono_literals;

@@ -19,7 +19,7 @@
 #include <thread>
 #include <vector>
 
-#include "common/backup.h"
+#include "common/volume/backup.h"
 
 using namespace rdmaswap;
 using namespace std::chrono_literals;

@@ -5,7 +5,7 @@
 #include <string>
 #include <string_view>
 
-#include "common/config.h"
+#include "common/util/config.h"
 
 using namespace rdmaswap;
 

@@ -16,9 +16,9 @@
 
 #include <nlohmann/json.hpp>
 
-#include "common/discovery.h"
-#include "common/protocol.h"
-#include "common/reattach.h"
+#include "common/cluster/discovery.h"
+#include "common/wire/protocol.h"
+#include "common/volume/reattach.h"
 #include "memserver/registry.h"
 #include "state_file_helpers.h"
 

@@ -18,11 +18,11 @@
 #include <string>
 #include <thread>
 
-#include "common/auth.h"
-#include "common/donor_cert.h"
-#include "common/log.h"
-#include "common/protocol.h"
-#include "common/tcp/rpc.h"
+#include "common/wire/auth.h"
+#include "common/wire/donor_cert.h"
+#include "common/obs/log.h"
+#include "common/wire/protocol.h"
+#include "common/transport/control_client.h"
 #include "key_helpers.h"
 #include "memserver/server.h"
 

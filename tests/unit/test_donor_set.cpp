@@ -9,7 +9,7 @@
 #include <set>
 #include <vector>
 
-#include "common/donor_set.h"
+#include "common/cluster/donor_set.h"
 
 using namespace rdmaswap;
 

@@ -8,7 +8,7 @@
 
 #include <nlohmann/json.hpp>
 
-#include "common/etcd.h"
+#include "common/net/etcd.h"
 #include "memserver/registry.h"
 
 using namespace rdmaswap;

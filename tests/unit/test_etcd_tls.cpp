@@ -1,7 +1,7 @@
 // SPDX-License-Identifier: MIT
 // Unit tests for etcd over TLS with credentials (no server): the etcd-* keys and their
-// validation (common/config.h), the files etcd::Credentials reads and refuses, and the
-// authentication replies and token rejections of etcd 3.4's gateway (common/etcd.h).
+// validation (common/util/config.h), the files etcd::Credentials reads and refuses, and the
+// authentication replies and token rejections of etcd 3.4's gateway (common/net/etcd.h).
 #include <catch2/catch.hpp>
 
 #include <arpa/inet.h>
@@ -25,8 +25,8 @@
 #include <openssl/pem.h>
 #include <openssl/x509.h>
 
-#include "common/config.h"
-#include "common/etcd.h"
+#include "common/util/config.h"
+#include "common/net/etcd.h"
 
 using namespace rdmaswap;
 using namespace std::chrono_literals;

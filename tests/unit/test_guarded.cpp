@@ -1,5 +1,5 @@
 // SPDX-License-Identifier: MIT
-// Unit tests for the thread exception boundary (common/guarded_main.h, issue 29): what a
+// Unit tests for the thread exception boundary (common/obs/guarded_main.h, issue 29): what a
 // thread's body throws, of any type, is caught and logged once as an error naming the thread
 // and what follows; the callback decides whether the body runs again or the thread ends; a
 // throwing callback ends it too; guarded_call reports a failure to its caller. Nothing reaches
@@ -14,8 +14,8 @@
 
 #include <spdlog/sinks/sink.h>
 
-#include "common/guarded_main.h"
-#include "common/log.h"
+#include "common/obs/guarded_main.h"
+#include "common/obs/log.h"
 
 using namespace rdmaswap;
 

@@ -17,7 +17,7 @@
 #include <fstream>
 #include <string>
 
-#include "common/holders.h"
+#include "common/cluster/holders.h"
 #include "state_file_helpers.h"
 
 using namespace rdmaswap;

@@ -13,7 +13,7 @@
 
 #include <spdlog/sinks/sink.h>
 
-#include "common/log.h"
+#include "common/obs/log.h"
 
 using rdmaswap::LogLimiter;
 

@@ -8,7 +8,7 @@
 #include <map>
 #include <set>
 
-#include "common/membership.h"
+#include "common/cluster/membership.h"
 #include "fake_transport.h"
 #include "volume_helpers.h"
 

@@ -16,10 +16,10 @@
 
 #include <nlohmann/json.hpp>
 
-#include "common/discovery.h"
-#include "common/etcd.h"
-#include "common/membership.h"
-#include "common/probe.h"
+#include "common/cluster/discovery.h"
+#include "common/net/etcd.h"
+#include "common/cluster/membership.h"
+#include "common/cluster/probe.h"
 #include "fake_transport.h"
 #include "volume_helpers.h"
 

@@ -17,7 +17,7 @@
 #include <stdexcept>
 #include <string>
 
-#include "common/tcp/socket.h"
+#include "common/net/socket.h"
 #include "memserver/metrics_http.h"
 
 using namespace rdmaswap;

@@ -1,5 +1,5 @@
 // SPDX-License-Identifier: MIT
-// Unit tests for the Prometheus text helper (common/metrics_text.h): family headers, labels and
+// Unit tests for the Prometheus text helper (common/obs/metrics_text.h): family headers, labels and
 // their escaping, number formatting, cumulative histogram buckets and the latency buckets.
 #include <catch2/catch.hpp>
 
@@ -8,7 +8,7 @@
 #include <thread>
 #include <vector>
 
-#include "common/metrics_text.h"
+#include "common/obs/metrics_text.h"
 
 using namespace rdmaswap;
 

@@ -6,7 +6,7 @@
 #include <numeric>
 #include <vector>
 
-#include "common/placement.h"
+#include "common/volume/placement.h"
 
 using namespace rdmaswap;
 

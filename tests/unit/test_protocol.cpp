@@ -7,7 +7,7 @@
 #include <random>
 #include <vector>
 
-#include "common/protocol.h"
+#include "common/wire/protocol.h"
 
 using namespace rdmaswap::proto;
 

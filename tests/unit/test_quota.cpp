@@ -11,7 +11,7 @@
 #include <cerrno>
 #include <chrono>
 
-#include "common/membership.h"
+#include "common/cluster/membership.h"
 #include "fake_transport.h"
 #include "memserver/quota.h"
 #include "memserver/slab_pool.h"

@@ -9,8 +9,8 @@
 #include <cerrno>
 #include <cstring>
 
-#include "common/rdma/rdma_client.h"
-#include "common/rdma/verbs.h"
+#include "common/transport/rdma/client.h"
+#include "common/net/verbs.h"
 
 using namespace rdmaswap;
 using namespace rdmaswap::rdma;

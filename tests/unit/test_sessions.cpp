@@ -15,7 +15,7 @@
 #include <thread>
 #include <vector>
 
-#include "common/log.h"
+#include "common/obs/log.h"
 #include "memserver/sessions.h"
 #include "memserver/workers.h"
 

@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: MIT
 // Issue 26, "etcd decides nothing alone": signed records. A certified memserver's registration
-// (memserver/registry.h) and a volume's holders record in etcd (common/holders.h) verify, and
+// (memserver/registry.h) and a volume's holders record in etcd (common/cluster/holders.h) verify, and
 // every flipped byte of them, a copy under another key, another CA or volume key, an unsigned
 // value are refused; a replayed older registration does not override a newer one (Membership).
 #include <catch2/catch.hpp>
@@ -16,11 +16,11 @@
 
 #include <nlohmann/json.hpp>
 
-#include "common/discovery.h"
-#include "common/donor_cert.h"
-#include "common/holders.h"
-#include "common/membership.h"
-#include "common/volume_key.h"
+#include "common/cluster/discovery.h"
+#include "common/wire/donor_cert.h"
+#include "common/cluster/holders.h"
+#include "common/cluster/membership.h"
+#include "common/wire/volume_key.h"
 #include "fake_transport.h"
 #include "key_helpers.h"
 #include "memserver/registry.h"

@@ -16,12 +16,12 @@
 #include <thread>
 #include <vector>
 
-#include "common/deadline.h"
-#include "common/log.h"
-#include "common/protocol.h"
-#include "common/remote_server.h"
-#include "common/tcp/rpc.h"
-#include "common/tcp/socket.h"
+#include "common/util/deadline.h"
+#include "common/obs/log.h"
+#include "common/wire/protocol.h"
+#include "common/transport/remote_server.h"
+#include "common/transport/control_client.h"
+#include "common/net/socket.h"
 #include "loopback.h"
 #include "test_clock.h"
 

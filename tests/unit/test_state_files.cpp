@@ -21,7 +21,7 @@
 #include <thread>
 #include <vector>
 
-#include "common/state_files.h"
+#include "common/volume/state_files.h"
 #include "state_file_helpers.h"
 
 using namespace rdmaswap;

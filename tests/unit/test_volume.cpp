@@ -16,8 +16,8 @@
 #include <thread>
 #include <vector>
 
-#include "common/log.h"
-#include "common/volume.h"
+#include "common/obs/log.h"
+#include "common/volume/volume.h"
 #include "fake_transport.h"
 #include "volume_helpers.h"
 

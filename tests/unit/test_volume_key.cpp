@@ -17,10 +17,10 @@
 #include <string>
 #include <thread>
 
-#include "common/auth.h"
-#include "common/protocol.h"
-#include "common/tcp/rpc.h"
-#include "common/volume_key.h"
+#include "common/wire/auth.h"
+#include "common/wire/protocol.h"
+#include "common/transport/control_client.h"
+#include "common/wire/volume_key.h"
 #include "memserver/server.h"
 
 using namespace rdmaswap;

@@ -14,7 +14,7 @@
 #include <thread>
 #include <vector>
 
-#include "common/volume.h"
+#include "common/volume/volume.h"
 #include "fake_transport.h"
 #include "volume_helpers.h"
 

@@ -15,8 +15,8 @@
 #include <thread>
 #include <vector>
 
-#include "common/log.h"
-#include "common/volume.h"
+#include "common/obs/log.h"
+#include "common/volume/volume.h"
 #include "fake_transport.h"
 #include "test_clock.h"
 

@@ -30,13 +30,13 @@
 #include <thread>
 #include <vector>
 
-#include "common/auth.h"
-#include "common/config.h"
-#include "common/deadline.h"
-#include "common/err_text.h"
-#include "common/log.h"
-#include "common/rdma/rdma_client.h"
-#include "common/remote_server.h"
+#include "common/wire/auth.h"
+#include "common/util/config.h"
+#include "common/util/deadline.h"
+#include "common/util/err_text.h"
+#include "common/obs/log.h"
+#include "common/transport/rdma/client.h"
+#include "common/transport/remote_server.h"
 
 extern char **environ;
 
