@@ -16,12 +16,12 @@
 #include <thread>
 #include <vector>
 
-#include "common/wire/auth.h"
-#include "common/util/config.h"
 #include "common/obs/log.h"
-#include "common/transport/remote_server.h"
 #include "common/transport/control_client.h"
+#include "common/transport/remote_server.h"
+#include "common/util/config.h"
 #include "common/volume/volume.h"
+#include "common/wire/auth.h"
 
 using namespace rdmaswap;
 using Clock = std::chrono::steady_clock;

@@ -16,9 +16,9 @@
 #include <thread>
 #include <vector>
 
+#include "common/net/socket.h"
 #include "common/wire/auth.h"
 #include "common/wire/protocol.h"
-#include "common/net/socket.h"
 #include "common/wire/volume_key.h"
 #include "memserver/server.h"
 #include "memserver/sessions.h"

@@ -7,9 +7,10 @@
 #include <string>
 #include <vector>
 
-#include "common/wire/donor_cert.h"
-#include "common/util/err_text.h"
 #include "common/obs/log.h"
+#include "common/util/encoding.h"
+#include "common/util/err_text.h"
+#include "common/wire/donor_cert.h"
 #include "memserver/conn.h"
 #include "memserver/rdma_service.h"
 

@@ -14,8 +14,8 @@
 #include <cstring>
 #include <stdexcept>
 
-#include "common/util/err_text.h"
 #include "common/obs/log.h"
+#include "common/util/err_text.h"
 #include "common/util/swap_safety.h"
 #include "memserver/conn.h"
 #include "memserver/unchecked.h"

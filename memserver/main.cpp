@@ -11,13 +11,13 @@
 
 #include <CLI/CLI.hpp>
 
-#include "common/wire/auth.h"
-#include "common/util/config.h"
-#include "common/wire/donor_cert.h"
 #include "common/net/etcd.h"
 #include "common/obs/guarded_main.h"
 #include "common/obs/log.h"
+#include "common/util/config.h"
 #include "common/util/swap_safety.h"
+#include "common/wire/auth.h"
+#include "common/wire/donor_cert.h"
 #include "memserver/metrics_http.h"
 #include "memserver/registry.h"
 #include "memserver/server.h"

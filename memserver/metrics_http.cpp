@@ -17,10 +17,10 @@
 
 #include <microhttpd.h>
 
-#include "common/util/err_text.h"
+#include "common/net/socket.h"
 #include "common/obs/guarded_main.h"
 #include "common/obs/log.h"
-#include "common/net/socket.h"
+#include "common/util/err_text.h"
 
 namespace rdmaswap {
 

@@ -17,13 +17,13 @@
 #include <unordered_map>
 #include <vector>
 
-#include "common/wire/auth.h"
-#include "common/util/err_text.h"
-#include "common/obs/log.h"
-#include "common/util/swap_safety.h"
 #include "common/net/socket.h"
-#include "common/transport/rdma/client.h"
 #include "common/net/verbs.h"
+#include "common/obs/log.h"
+#include "common/util/err_text.h"
+#include "common/util/swap_safety.h"
+#include "common/wire/auth.h"
+#include "common/wire/rdma_connect.h"
 #include "memserver/server.h"
 #include "memserver/sessions.h"
 #include "memserver/slab_pool.h"

@@ -9,9 +9,9 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
-#include "common/cluster/discovery.h"
 #include "common/obs/guarded_main.h"
 #include "common/obs/log.h"
+#include "common/wire/registration.h"
 
 namespace rdmaswap {
 
@@ -55,7 +55,7 @@ std::string registry_value(const RegistryOptions &o, const RegistryHints &h, int
 					   .dump();
 	if (!o.donor_key)
 		return fields;
-	return discovery::sign_registration(registry_key(o), fields, *o.donor_key, o.donor_cert);
+	return sign_registration(registry_key(o), fields, *o.donor_key, o.donor_cert);
 }
 
 Registry::Registry(RegistryOptions opts, std::function<RegistryHints()> hints)

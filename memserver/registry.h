@@ -14,8 +14,8 @@
 #include <thread>
 #include <vector>
 
-#include "common/wire/donor_cert.h"
 #include "common/net/etcd.h"
+#include "common/wire/donor_cert.h"
 
 namespace rdmaswap {
 
@@ -28,7 +28,7 @@ struct RegistryOptions {
 	uint64_t slab_size = 0;
 	uint32_t slabs_total = 0;
 	uint64_t boot_id = 0; // random per start: a new one tells clients the slabs are gone
-	// --donor-key, --donor-cert: the registration is signed (discovery::sign_registration),
+	// --donor-key, --donor-cert: the registration is signed (sign_registration),
 	// so that plugins with donor-ca= use it. Null: unsigned (they ignore it).
 	std::shared_ptr<const SigningKey> donor_key;
 	std::vector<std::byte> donor_cert;
@@ -56,7 +56,7 @@ uint64_t make_boot_id();
 // The key and the JSON value the memserver registers (tests/unit/test_etcd.cpp reads them):
 // {"addr","boot_id","transport","slab_size","slabs_total","slabs_free","sessions","auth","ts"}
 // with `ts_ms` (unix milliseconds; 0: now), and with a donor key "cert" and "sig"
-// (discovery::sign_registration over the key and every field). Throws std::runtime_error if
+// (sign_registration over the key and every field). Throws std::runtime_error if
 // signing fails.
 std::string registry_key(const RegistryOptions &o);
 std::string registry_value(const RegistryOptions &o, const RegistryHints &h, int64_t ts_ms = 0);

@@ -24,8 +24,8 @@
 #include <thread>
 #include <vector>
 
-#include "common/util/err_text.h"
 #include "common/obs/log.h"
+#include "common/util/err_text.h"
 #include "common/util/swap_safety.h"
 #include "memserver/conn.h"
 #include "memserver/metrics_http.h"

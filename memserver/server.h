@@ -23,13 +23,13 @@
 #include <thread>
 #include <vector>
 
-#include "common/wire/auth.h"
-#include "common/util/config.h"
+#include "common/net/socket.h"
 #include "common/obs/guarded_main.h"
 #include "common/obs/log.h"
+#include "common/util/config.h"
+#include "common/util/counters.h"
+#include "common/wire/auth.h"
 #include "common/wire/protocol.h"
-#include "common/net/socket.h"
-#include "common/transport/transport.h"
 #include "memserver/peers.h"
 #include "memserver/quota.h"
 #include "memserver/sessions.h"

@@ -12,8 +12,8 @@
 #include <stdexcept>
 #include <string>
 
-#include "common/util/err_text.h"
 #include "common/obs/guarded_main.h"
+#include "common/util/err_text.h"
 #include "common/util/swap_safety.h"
 
 namespace rdmaswap {

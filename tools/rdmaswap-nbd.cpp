@@ -40,6 +40,8 @@
 #include <thread>
 #include <vector>
 
+#include "common/util/fd.h"
+
 namespace {
 
 constexpr const char *kProg = "rdmaswap-nbd";
@@ -76,35 +78,7 @@ struct Failure {
 	throw Failure{m};
 }
 
-// An owned file descriptor.
-class Fd {
-public:
-	Fd() = default;
-	explicit Fd(int fd) : fd_(fd) {}
-	Fd(Fd &&o) noexcept : fd_(o.fd_) { o.fd_ = -1; }
-	Fd &operator=(Fd &&o) noexcept
-	{
-		if (this != &o) {
-			reset();
-			fd_ = o.fd_;
-			o.fd_ = -1;
-		}
-		return *this;
-	}
-	Fd(const Fd &) = delete;
-	Fd &operator=(const Fd &) = delete;
-	~Fd() { reset(); }
-	int get() const { return fd_; }
-	void reset()
-	{
-		if (fd_ >= 0)
-			::close(fd_);
-		fd_ = -1;
-	}
-
-private:
-	int fd_ = -1;
-};
+using rdmaswap::Fd;
 
 struct Options {
 	std::string command;

@@ -12,11 +12,11 @@
 #include <string>
 #include <vector>
 
+#include "common/obs/guarded_main.h"
+#include "common/transport/control_client.h"
 #include "common/util/config.h"
 #include "common/util/err_text.h"
-#include "common/obs/guarded_main.h"
 #include "common/volume/state_files.h"
-#include "common/transport/control_client.h"
 #include "common/wire/volume_key.h"
 #include "tools/rdmaswapctl_cert.h"
 

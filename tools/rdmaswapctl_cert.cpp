@@ -22,9 +22,10 @@
 #include <string_view>
 #include <vector>
 
+#include "common/util/encoding.h"
+#include "common/util/err_text.h"
 #include "common/wire/auth.h"
 #include "common/wire/donor_cert.h"
-#include "common/util/err_text.h"
 
 namespace rdmaswap {
 namespace {

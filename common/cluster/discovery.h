@@ -14,9 +14,10 @@
 #include <string_view>
 #include <vector>
 
+#include "common/net/etcd.h"
 #include "common/util/config.h"
 #include "common/wire/donor_cert.h"
-#include "common/net/etcd.h"
+#include "common/wire/registration.h"
 
 namespace rdmaswap::discovery {
 
@@ -39,41 +40,6 @@ struct Donor {
 	bool auth = true;
 	int64_t ts = 0; // "ts": when the memserver wrote it (unix ms; 0 if not published)
 };
-
-// ---- Signed registrations (issue 26, docs/security.md "etcd") ----
-// A memserver with a donor key and certificate adds to its value "ts" (unix milliseconds,
-// strictly increasing within a run), "cert" (its certificate, base64) and "sig": the base64
-// of the Ed25519 signature, by the certified donor key, of registration_message(key, the
-// value's JSON object without "sig", as nlohmann::json::dump() writes it: compact, keys
-// sorted). So the signature covers the label, the etcd key (a registration copied under
-// another key does not verify) and every field of the value, unknown ones included (one added
-// or changed does not verify either).
-inline constexpr std::string_view kRegistrationLabel = "rdmaswap-donor-registration-v1";
-// What a signed etcd value's signature covers (registrations here, holders records in
-// holders.h): label | key length (u32, little-endian) | key | text.
-std::vector<std::byte> etcd_signed_message(std::string_view label, std::string_view key,
-					   std::string_view text);
-// etcd_signed_message(kRegistrationLabel, key, text).
-std::vector<std::byte> registration_message(std::string_view key, std::string_view text);
-// The value `fields` (a JSON object without "cert", "sig") with "cert" = `cert` and "sig"
-// added, signed for `key`. Throws std::invalid_argument if `fields` is not a JSON object,
-// std::runtime_error if libcrypto fails.
-std::string sign_registration(std::string_view key, std::string_view fields,
-			      const SigningKey &donor_key, std::span<const std::byte> cert);
-
-// Why a registration is not accepted by a plugin with donor-ca=.
-enum class Refusal {
-	None,         // signed by a donor certified for its address, the signature checks
-	Unsigned,     // no "sig" or no "cert" (or no "ts")
-	BadCert,      // "cert" does not parse, is not the CA's, not valid now, revoked, or does
-		      // not list the registered address
-	BadSignature, // "sig" is not a signature of this key and value by the certified key
-};
-// Check the registration `key` = `value` (parse_donor accepted it) under `verifier`
-// (DonorVerifier::check with the registered address, canonical_cert_address, then
-// verify_donor_signature). Sets `why` when it refuses. Never throws but std::bad_alloc.
-Refusal verify_registration(std::string_view key, std::string_view value,
-			    DonorVerifier &verifier, std::string &why);
 
 // The key prefix under which donors register: `prefix` + "donors/".
 std::string donors_prefix(std::string_view prefix);

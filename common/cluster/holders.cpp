@@ -13,6 +13,8 @@
 #include <nlohmann/json.hpp>
 
 #include "common/net/etcd.h"
+#include "common/util/encoding.h"
+#include "common/wire/registration.h"
 
 namespace rdmaswap::holders {
 
@@ -153,7 +155,7 @@ std::string etcd_key(std::string_view prefix, std::string_view volume)
 
 std::vector<std::byte> signed_message(std::string_view key, std::string_view text)
 {
-	return discovery::etcd_signed_message(kHoldersLabel, key, text);
+	return etcd_signed_message(kHoldersLabel, key, text);
 }
 
 std::string signed_text(std::string_view key, std::string_view volume,
@@ -162,7 +164,7 @@ std::string signed_text(std::string_view key, std::string_view volume,
 {
 	nlohmann::json o = nlohmann::json::parse(record_text(volume, donors, unreachable));
 	const VolumeProof sig = volume_key.sign(signed_message(key, o.dump()));
-	o["sig"] = etcd::base64_encode(
+	o["sig"] = base64_encode(
 		std::string_view(reinterpret_cast<const char *>(sig.data()), sig.size()));
 	return o.dump() + "\n";
 }
@@ -182,7 +184,7 @@ bool verify_signed(std::string_view key, std::string_view text, const VolumePubK
 	}
 	std::optional<std::string> sig;
 	if (it->is_string())
-		sig = etcd::base64_decode(it->get<std::string>());
+		sig = base64_decode(it->get<std::string>());
 	VolumeProof proof{};
 	if (!sig || sig->size() != proof.size()) {
 		why = "\"sig\" is not a base64 Ed25519 signature";

@@ -16,8 +16,8 @@
 #include <string_view>
 #include <vector>
 
-#include "common/util/config.h"
 #include "common/cluster/discovery.h"
+#include "common/util/config.h"
 #include "common/wire/volume_key.h"
 
 namespace rdmaswap::holders {
@@ -108,7 +108,7 @@ std::string etcd_key(std::string_view prefix, std::string_view volume);
 // volume's key (another host's, or another name's) does not verify. The local file is not
 // signed (it is 0600 in the state directory); a signed text reads as a file too.
 inline constexpr std::string_view kHoldersLabel = "rdmaswap-holders-v1";
-// discovery::etcd_signed_message(kHoldersLabel, key, text).
+// etcd_signed_message(kHoldersLabel, key, text).
 std::vector<std::byte> signed_message(std::string_view key, std::string_view text);
 // record_text(volume, donors, unreachable) signed for `key` by `volume_key`. Throws
 // std::runtime_error if libcrypto fails.

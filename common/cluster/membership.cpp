@@ -8,12 +8,12 @@
 
 #include <fmt/format.h>
 
-#include "common/util/err_text.h"
 #include "common/net/etcd.h"
 #include "common/obs/log.h"
 #include "common/obs/metrics_text.h"
-#include "common/wire/protocol.h"
+#include "common/util/err_text.h"
 #include "common/volume/volume.h"
+#include "common/wire/protocol.h"
 
 namespace rdmaswap {
 

@@ -77,13 +77,13 @@
 
 #include <unordered_map>
 
-#include "common/util/backoff.h"
-#include "common/util/config.h"
 #include "common/cluster/discovery.h"
 #include "common/cluster/donor_set.h"
-#include "common/obs/log.h"
 #include "common/cluster/probe.h"
+#include "common/obs/log.h"
 #include "common/transport/transport.h"
+#include "common/util/backoff.h"
+#include "common/util/config.h"
 #include "common/volume/volume.h"
 
 namespace rdmaswap {

@@ -21,12 +21,6 @@ namespace rdmaswap::etcd {
 
 // ---- Pure helpers (no network), unit-tested in tests/unit/test_etcd.cpp ----
 
-// Standard base64 (RFC 4648, with padding), as etcd's gateway encodes bytes.
-std::string base64_encode(std::string_view bytes);
-// nullopt if `text` is not valid padded base64 (wrong length, a stray character, bits set in
-// the padding).
-std::optional<std::string> base64_decode(std::string_view text);
-
 // "http://127.0.0.1:2379,http://[::1]:2379": the endpoints, trimmed of spaces and of a trailing
 // '/'. Each must be http:// or https:// followed by HOST:PORT (PORT 1..65535, HOST non-empty;
 // an IPv6 host in brackets) and nothing else. nullopt and `error` set if the list is empty or

@@ -15,13 +15,6 @@
 
 namespace rdmaswap {
 
-void Fd::reset(int fd)
-{
-	if (fd_ >= 0)
-		::close(fd_);
-	fd_ = fd;
-}
-
 std::string SockAddr::str() const
 {
 	char host[INET6_ADDRSTRLEN] = "?";

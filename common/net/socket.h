@@ -12,26 +12,9 @@
 
 #include "common/util/config.h"
 #include "common/util/deadline.h"
+#include "common/util/fd.h"
 
 namespace rdmaswap {
-
-// Owns one file descriptor; closes it on destruction. Move-only.
-class Fd {
-public:
-	Fd() = default;
-	explicit Fd(int fd) : fd_(fd) {}
-	~Fd() { reset(); }
-	Fd(Fd &&o) noexcept : fd_(o.release()) {}
-	Fd &operator=(Fd &&o) noexcept { if (this != &o) { reset(); fd_ = o.release(); } return *this; }
-	Fd(const Fd &) = delete;
-	Fd &operator=(const Fd &) = delete;
-	int get() const { return fd_; }
-	explicit operator bool() const { return fd_ >= 0; }
-	int release() { int f = fd_; fd_ = -1; return f; }
-	void reset(int fd = -1);
-private:
-	int fd_ = -1;
-};
 
 // A resolved address, kept so that reconnecting needs no name lookup (no allocation).
 struct SockAddr {

@@ -11,9 +11,9 @@
 #include <cstring>
 #include <stdexcept>
 
+#include "common/obs/log.h"
 #include "common/util/deadline.h"
 #include "common/util/err_text.h"
-#include "common/obs/log.h"
 
 namespace rdmaswap::rdma {
 
@@ -39,6 +39,16 @@ void QpDeleter::operator()(rdma_cm_id *id) const { rdma_destroy_qp(id); }
 std::string errno_text(const char *call)
 {
 	return std::string(call) + ": " + err_text(errno);
+}
+
+int device_count()
+{
+	int n = 0;
+	ibv_device **list = ibv_get_device_list(&n);
+	if (!list)
+		return 0;
+	ibv_free_device_list(list);
+	return n;
 }
 
 EventChannel make_event_channel()
@@ -93,7 +103,7 @@ rdma_cm_event *next_event(rdma_event_channel *ch, std::chrono::milliseconds time
 }
 
 void expect_event(rdma_event_channel *ch, rdma_cm_event_type want, std::chrono::milliseconds timeout,
-		  const char *step, uint32_t *reject_status, AcceptData *accept)
+		  const char *step, PrivateData *data)
 {
 	std::string why;
 	rdma_cm_event *ev = next_event(ch, timeout, why);
@@ -104,14 +114,11 @@ void expect_event(rdma_event_channel *ch, rdma_cm_event_type want, std::chrono::
 	}
 	const rdma_cm_event_type got = ev->event;
 	const int status = ev->status;
-	if (got == RDMA_CM_EVENT_REJECTED && reject_status &&
-	    ev->param.conn.private_data_len >= sizeof(RejectData)) {
-		RejectData r;
-		std::memcpy(&r, ev->param.conn.private_data, sizeof r);
-		*reject_status = r.status;
+	if ((got == RDMA_CM_EVENT_REJECTED || got == RDMA_CM_EVENT_ESTABLISHED) && data &&
+	    ev->param.conn.private_data) {
+		data->len = std::min<size_t>(ev->param.conn.private_data_len, data->bytes.size());
+		std::memcpy(data->bytes.data(), ev->param.conn.private_data, data->len);
 	}
-	if (got == RDMA_CM_EVENT_ESTABLISHED && accept && ev->param.conn.private_data)
-		parse_accept_data(ev->param.conn.private_data, ev->param.conn.private_data_len, *accept);
 	rdma_ack_cm_event(ev);
 	if (got != want)
 		throw std::runtime_error(std::string(step) + ": got " + rdma_event_str(got) +
@@ -161,58 +168,6 @@ void resolve(rdma_cm_id *id, rdma_event_channel *ch, const std::string &host, ui
 		throw std::runtime_error(errno_text("rdma_resolve_route"));
 	expect_event(ch, RDMA_CM_EVENT_ROUTE_RESOLVED,
 		     bounded(timeout + std::chrono::seconds(1), until), "RDMA route resolution");
-}
-
-int parse_connect_data(const void *data, size_t len, ConnectData &out)
-{
-	if (!data || len < kConnectDataV2Size)
-		return EPROTO;
-	std::array<std::byte, sizeof(ConnectData)> raw{};
-	std::memcpy(raw.data(), data, std::min(len, raw.size()));
-	ConnectData cd;
-	std::memcpy(&cd, raw.data(), sizeof cd);
-	if (cd.magic != kConnectMagic)
-		return EPROTO;
-	if (cd.version == 2)
-		std::fill(std::begin(cd.replaces), std::end(cd.replaces), 0u); // (IB's padding)
-	else if (cd.version != 3 || len < sizeof cd)
-		return EPROTO;
-	out = cd;
-	return 0;
-}
-
-bool parse_accept_data(const void *data, size_t len, AcceptData &out)
-{
-	AcceptData a;
-	if (!data || len < sizeof a)
-		return false;
-	std::memcpy(&a, data, sizeof a);
-	if (a.magic != kConnectMagic || a.version < 3)
-		return false;
-	out = a;
-	return true;
-}
-
-std::array<std::byte, kAttachMacSize> connect_mac(const Mac &attach_key, const ConnectData &cd)
-{
-	if (cd.version == 2)
-		return attach_mac(attach_key, cd.session_id, cd.token, cd.cm_nonce);
-	std::array<std::byte, 8 * 3 + 4 * kMaxReplaces> msg;
-	size_t n = 0;
-	auto put = [&](uint64_t v, int bytes) {
-		for (int i = 0; i < bytes; i++)
-			msg[n++] = std::byte((v >> (8 * i)) & 0xff);
-	};
-	put(cd.session_id, 8);
-	put(cd.token, 8);
-	put(cd.cm_nonce, 8);
-	for (uint32_t q : cd.replaces)
-		put(q, 4);
-	const AuthKey key(attach_key); // (HMAC under the attach key)
-	const Mac m = key.mac("rdmaswap-rdma-attach-v3", {msg});
-	std::array<std::byte, kAttachMacSize> out;
-	std::memcpy(out.data(), m.data(), out.size());
-	return out;
 }
 
 } // namespace rdmaswap::rdma

@@ -7,8 +7,8 @@
 #include <cerrno>
 #include <cstring>
 
-#include "common/wire/donor_cert.h"
 #include "common/util/err_text.h"
+#include "common/wire/donor_cert.h"
 
 namespace rdmaswap {
 

@@ -12,9 +12,9 @@
 #include <string>
 #include <vector>
 
+#include "common/net/socket.h"
 #include "common/wire/auth.h"
 #include "common/wire/protocol.h"
-#include "common/net/socket.h"
 #include "common/wire/volume_key.h"
 
 namespace rdmaswap {

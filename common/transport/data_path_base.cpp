@@ -7,8 +7,8 @@
 
 #include <cerrno>
 
-#include "common/util/deadline.h"
 #include "common/obs/log.h"
+#include "common/util/deadline.h"
 
 namespace rdmaswap {
 

@@ -11,8 +11,8 @@
 #include <span>
 #include <string>
 
-#include "common/util/backoff.h"
 #include "common/transport/transport.h"
+#include "common/util/backoff.h"
 
 namespace rdmaswap {
 

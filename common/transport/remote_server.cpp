@@ -8,11 +8,11 @@
 #include <cstring>
 #include <stdexcept>
 
-#include "common/util/deadline.h"
-#include "common/util/err_text.h"
 #include "common/obs/log.h"
 #include "common/transport/rdma/client.h"
 #include "common/transport/tcp/data_path.h"
+#include "common/util/deadline.h"
+#include "common/util/err_text.h"
 
 namespace rdmaswap {
 

@@ -10,10 +10,10 @@
 #include <string>
 #include <vector>
 
-#include "common/util/config.h"
 #include "common/transport/control_client.h"
 #include "common/transport/tcp/data_path.h"
 #include "common/transport/transport.h"
+#include "common/util/config.h"
 
 namespace rdmaswap {
 

@@ -1,7 +1,7 @@
 // SPDX-License-Identifier: MIT
 // The client's view of a memserver: a control path (session, slab grants) and one-sided data
 // paths that move bytes between a registered local buffer and a granted remote slab. TCP and
-// RDMA implement it (common/tcp, common/rdma); tests implement it in memory.
+// RDMA implement it (common/transport/tcp, common/transport/rdma); tests implement it in memory.
 #pragma once
 
 #include <atomic>
@@ -53,22 +53,6 @@ struct DataPathCounters {
 		batches += o.batches;
 		return *this;
 	}
-};
-
-// A counter with one writer at a time (the thread that holds the object it belongs to, handed on
-// under a lock) and readers on any thread. A relaxed load and store, no read-modify-write: on
-// x86-64 a plain load, add and store with no lock prefix, as cheap as a plain uint64_t, yet no
-// data race for a reader. Two threads adding at once would lose counts: never share a writer.
-class SoloCounter {
-public:
-	void add(uint64_t n = 1)
-	{
-		v_.store(v_.load(std::memory_order_relaxed) + n, std::memory_order_relaxed);
-	}
-	uint64_t get() const { return v_.load(std::memory_order_relaxed); }
-
-private:
-	std::atomic<uint64_t> v_{0};
 };
 
 // One data connection to one memserver, or (TCP) one thread's share of one

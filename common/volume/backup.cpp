@@ -15,9 +15,9 @@
 #include <optional>
 #include <stdexcept>
 
-#include "common/util/err_text.h"
 #include "common/obs/guarded_main.h"
 #include "common/obs/log.h"
+#include "common/util/err_text.h"
 #include "common/util/private_file.h"
 
 namespace rdmaswap {

@@ -6,6 +6,8 @@
 #include <cstdio>
 #include <map>
 
+#include "common/util/hash.h"
+
 namespace rdmaswap {
 
 std::string default_volume_name(const std::string &host, uint64_t size,
@@ -24,14 +26,9 @@ std::string default_volume_name(const std::string &host, uint64_t size,
 	if (etcd_prefix)
 		names.push_back("etcd:" + std::string(*etcd_prefix));
 	std::sort(names.begin(), names.end());
-	uint64_t fnv = 0xcbf29ce484222325ull;
-	for (size_t i = 0; i < names.size(); i++) {
-		const std::string part = (i ? "," : "") + names[i];
-		for (unsigned char c : part) {
-			fnv ^= c;
-			fnv *= 0x100000001b3ull;
-		}
-	}
+	uint64_t fnv = kFnv1aBasis;
+	for (size_t i = 0; i < names.size(); i++)
+		fnv = fnv1a64((i ? "," : "") + names[i], fnv);
 	char hash[9];
 	std::snprintf(hash, sizeof hash, "%08x", unsigned(fnv ^ (fnv >> 32)));
 	return h + "-" + std::to_string(size) + "-" + hash;

@@ -24,6 +24,7 @@
 #include <nlohmann/json.hpp>
 
 #include "common/util/err_text.h"
+#include "common/util/hash.h"
 #include "common/util/private_file.h"
 
 namespace rdmaswap::state {
@@ -245,10 +246,7 @@ uint64_t volume_hash(std::string_view volume)
 {
 	// (The offset basis is a digit short of FNV's 14695981039346656037: so the plugin has
 	// always named these files, and so it must go on naming them.)
-	uint64_t h = 1469598103934665603ull;
-	for (unsigned char c : volume)
-		h = (h ^ c) * 1099511628211ull;
-	return h;
+	return fnv1a64(volume, 1469598103934665603ull);
 }
 
 std::string volume_file(std::string_view key_path, std::string_view volume,

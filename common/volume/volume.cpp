@@ -12,8 +12,8 @@
 #include <cstring>
 #include <stdexcept>
 
-#include "common/util/err_text.h"
 #include "common/obs/log.h"
+#include "common/util/err_text.h"
 #include "common/volume/reattach.h"
 #include "common/volume/volume_internal.h"
 

@@ -42,11 +42,12 @@
 #include <thread>
 #include <vector>
 
-#include "common/volume/backup.h"
 #include "common/obs/metrics_text.h"
+#include "common/transport/transport.h"
+#include "common/util/counters.h"
+#include "common/volume/backup.h"
 #include "common/volume/placement.h"
 #include "common/volume/slab_lock.h"
-#include "common/transport/transport.h"
 
 namespace rdmaswap {
 

@@ -7,8 +7,8 @@
 #include <cerrno>
 #include <cstring>
 
-#include "common/util/err_text.h"
 #include "common/obs/log.h"
+#include "common/util/err_text.h"
 #include "common/volume/placement.h"
 #include "common/volume/volume_internal.h"
 

@@ -1,5 +1,6 @@
 // SPDX-License-Identifier: MIT
-// Constants and small helpers shared by the files that implement Volume (common/volume*.cpp).
+// Constants and small helpers shared by the files that implement Volume
+// (common/volume/volume*.cpp).
 #pragma once
 
 #include <chrono>

@@ -10,8 +10,8 @@
 #include <cerrno>
 #include <cstring>
 
-#include "common/util/err_text.h"
 #include "common/obs/log.h"
+#include "common/util/err_text.h"
 #include "common/volume/volume_internal.h"
 
 namespace rdmaswap {

@@ -10,9 +10,10 @@
 #include <cstring>
 #include <stdexcept>
 
-#include "common/util/config.h"
-#include "common/util/err_text.h"
 #include "common/obs/log.h"
+#include "common/util/config.h"
+#include "common/util/encoding.h"
+#include "common/util/err_text.h"
 #include "common/util/private_file.h"
 
 namespace rdmaswap {

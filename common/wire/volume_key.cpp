@@ -14,6 +14,7 @@
 #include <openssl/crypto.h>
 #include <openssl/evp.h>
 
+#include "common/util/encoding.h"
 #include "common/util/err_text.h"
 #include "common/util/private_file.h"
 #include "common/wire/protocol.h"
@@ -212,38 +213,6 @@ std::string default_volume_key_path()
 {
 	return default_volume_key_path(std::getenv("STATE_DIRECTORY"), ::geteuid() == 0,
 				       std::getenv("XDG_STATE_HOME"), std::getenv("HOME"));
-}
-
-std::string hex(std::span<const std::byte> b)
-{
-	static const char digits[] = "0123456789abcdef";
-	std::string s(b.size() * 2, '0');
-	for (size_t i = 0; i < b.size(); i++) {
-		s[2 * i] = digits[unsigned(b[i]) >> 4];
-		s[2 * i + 1] = digits[unsigned(b[i]) & 15];
-	}
-	return s;
-}
-
-std::optional<std::vector<std::byte>> unhex(std::string_view text)
-{
-	if (text.size() % 2)
-		return std::nullopt;
-	auto nibble = [](char c) -> int {
-		if (c >= '0' && c <= '9')
-			return c - '0';
-		if (c >= 'a' && c <= 'f')
-			return c - 'a' + 10;
-		return -1;
-	};
-	std::vector<std::byte> out(text.size() / 2);
-	for (size_t i = 0; i < out.size(); i++) {
-		const int hi = nibble(text[2 * i]), lo = nibble(text[2 * i + 1]);
-		if (hi < 0 || lo < 0)
-			return std::nullopt;
-		out[i] = std::byte(hi << 4 | lo);
-	}
-	return out;
 }
 
 } // namespace rdmaswap

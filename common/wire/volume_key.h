@@ -93,10 +93,5 @@ std::string default_volume_key_path(const char *state_directory, bool root,
 // The same, from this process's environment and effective uid.
 std::string default_volume_key_path();
 
-// Lower-case hex of `b` (the public key in the memserver's volume id and in logs).
-std::string hex(std::span<const std::byte> b);
-// The bytes of lower-case hex `text` (what hex() writes); nullopt for an odd length or any
-// other character.
-std::optional<std::vector<std::byte>> unhex(std::string_view text);
 
 } // namespace rdmaswap

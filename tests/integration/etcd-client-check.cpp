@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: MIT
-// Drives common/etcd's Client against a real etcd for test-etcd-register.sh: list a prefix, a
-// watch that sees a put and a delete, a watch from a compacted revision; and common/holders'
+// Drives common/net/etcd's Client against a real etcd for test-etcd-register.sh: list a prefix, a
+// watch that sees a put and a delete, a watch from a compacted revision; and common/cluster/holders'
 // record in etcd for test-etcd-holders.sh. Exit 0: as expected.
 #include <chrono>
 #include <cstdio>
@@ -9,8 +9,8 @@
 #include <thread>
 #include <vector>
 
-#include "common/net/etcd.h"
 #include "common/cluster/holders.h"
+#include "common/net/etcd.h"
 
 using namespace rdmaswap;
 using namespace rdmaswap::etcd;

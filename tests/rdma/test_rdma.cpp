@@ -11,12 +11,13 @@
 #include <thread>
 #include <vector>
 
-#include "common/wire/auth.h"
+#include "common/net/verbs.h"
 #include "common/obs/log.h"
 #include "common/transport/control_client.h"
 #include "common/transport/rdma/client.h"
 #include "common/transport/remote_server.h"
 #include "common/volume/volume.h"
+#include "common/wire/auth.h"
 #include "memserver/server.h"
 
 using namespace rdmaswap;

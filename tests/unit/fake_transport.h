@@ -23,6 +23,7 @@
 #include <vector>
 
 #include "common/transport/transport.h"
+#include "common/util/counters.h"
 
 namespace rdmaswap::test {
 

@@ -21,12 +21,12 @@
 #include <random>
 #include <thread>
 #include <vector>
-#include "common/transport/data_path_base.h"
-#include "common/util/deadline.h"
-#include "common/obs/log.h"
-#include "common/wire/protocol.h"
 #include "common/net/socket.h"
+#include "common/obs/log.h"
+#include "common/transport/data_path_base.h"
 #include "common/transport/tcp/data_path.h"
+#include "common/util/deadline.h"
+#include "common/wire/protocol.h"
 #include "loopback.h"
 #include "test_clock.h"
 #include <catch2/catch.hpp>

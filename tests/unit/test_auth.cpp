@@ -1,5 +1,5 @@
 // SPDX-License-Identifier: MIT
-// Unit tests for common/auth: key files, the mutual challenge-response, rotation with two keys,
+// Unit tests for common/wire/auth: key files, the mutual challenge-response, rotation with two keys,
 // the RDMA attach MAC, and the AUTH messages of the wire protocol.
 #include <catch2/catch.hpp>
 

@@ -1,5 +1,5 @@
 // SPDX-License-Identifier: MIT
-// Unit tests for common/backup: entries from several queues reach the file in the order they
+// Unit tests for common/volume/backup: entries from several queues reach the file in the order they
 // were queued, reads wait for the queue, punches zero and re-trust a slab, the header refuses
 // another volume's file, a clean close is trusted only by the next run, and a writer thread
 // that throws fails the backup (its exception boundary).

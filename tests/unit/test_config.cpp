@@ -1,5 +1,5 @@
 // SPDX-License-Identifier: MIT
-// Unit tests for common/config: sizes, endpoints, transport names.
+// Unit tests for common/util/config: sizes, endpoints, transport names.
 #include <catch2/catch.hpp>
 
 #include <string>

@@ -1,5 +1,5 @@
 // SPDX-License-Identifier: MIT
-// Unit tests for common/discovery (the plugin's etcd=): registry entries parsed (as the
+// Unit tests for common/cluster/discovery (the plugin's etcd=): registry entries parsed (as the
 // memserver writes them, and refused when malformed), server= merged with the donors, the
 // donor cache file, and the default volume id with and without etcd=.
 #include <catch2/catch.hpp>
@@ -17,8 +17,8 @@
 #include <nlohmann/json.hpp>
 
 #include "common/cluster/discovery.h"
-#include "common/wire/protocol.h"
 #include "common/volume/reattach.h"
+#include "common/wire/protocol.h"
 #include "memserver/registry.h"
 #include "state_file_helpers.h"
 

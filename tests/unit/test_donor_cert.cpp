@@ -1,5 +1,5 @@
 // SPDX-License-Identifier: MIT
-// Unit tests for common/donor_cert: the certificate and revocation list encodings (strict
+// Unit tests for common/wire/donor_cert: the certificate and revocation list encodings (strict
 // parsing, every flipped byte refused), signing, expiry, revocation, address binding, key files,
 // and the DONOR_PROOF handshake against an in-process memserver (certified, uncertified, for
 // another address, with another key, revoked while the verifier lives).
@@ -18,11 +18,11 @@
 #include <string>
 #include <thread>
 
+#include "common/obs/log.h"
+#include "common/transport/control_client.h"
 #include "common/wire/auth.h"
 #include "common/wire/donor_cert.h"
-#include "common/obs/log.h"
 #include "common/wire/protocol.h"
-#include "common/transport/control_client.h"
 #include "key_helpers.h"
 #include "memserver/server.h"
 

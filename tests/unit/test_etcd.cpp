@@ -1,5 +1,5 @@
 // SPDX-License-Identifier: MIT
-// Unit tests for common/etcd (no server): base64, endpoint lists, request bodies, reply
+// Unit tests for common/net/etcd (no server): base64, endpoint lists, request bodies, reply
 // parsing, prefix ranges, and the memserver's registration value and an unreachable etcd.
 #include <catch2/catch.hpp>
 
@@ -9,6 +9,7 @@
 #include <nlohmann/json.hpp>
 
 #include "common/net/etcd.h"
+#include "common/util/encoding.h"
 #include "memserver/registry.h"
 
 using namespace rdmaswap;

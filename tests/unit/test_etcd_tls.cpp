@@ -25,8 +25,8 @@
 #include <openssl/pem.h>
 #include <openssl/x509.h>
 
-#include "common/util/config.h"
 #include "common/net/etcd.h"
+#include "common/util/config.h"
 
 using namespace rdmaswap;
 using namespace std::chrono_literals;

@@ -1,5 +1,5 @@
 // SPDX-License-Identifier: MIT
-// Unit tests for common/holders (issue 14): the holders record's text and its refusals, the
+// Unit tests for common/cluster/holders (issue 14): the holders record's text and its refusals, the
 // local file (written whole, mode 0600, read back with bounds), its default path and etcd key,
 // the etcd calls failing within their bound when nothing listens, and (issue 29) the
 // unreachable times it keeps and the aging that bounds it.

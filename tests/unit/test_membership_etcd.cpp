@@ -17,9 +17,10 @@
 #include <nlohmann/json.hpp>
 
 #include "common/cluster/discovery.h"
-#include "common/net/etcd.h"
 #include "common/cluster/membership.h"
 #include "common/cluster/probe.h"
+#include "common/net/etcd.h"
+#include "common/util/encoding.h"
 #include "fake_transport.h"
 #include "volume_helpers.h"
 
@@ -402,8 +403,8 @@ TEST_CASE("etcd: range pages (body and reply of etcd 3.4.23)", "[etcd]")
 {
 	using nlohmann::json;
 	const json b = json::parse(etcd::range_page_body("/p/", "/p0", 256, 42, true));
-	CHECK(b["key"] == etcd::base64_encode("/p/"));
-	CHECK(b["range_end"] == etcd::base64_encode("/p0"));
+	CHECK(b["key"] == base64_encode("/p/"));
+	CHECK(b["range_end"] == base64_encode("/p0"));
 	CHECK(b["limit"] == 256);
 	CHECK(b["revision"] == 42);
 	CHECK(b["keys_only"] == true);

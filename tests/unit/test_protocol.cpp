@@ -1,5 +1,5 @@
 // SPDX-License-Identifier: MIT
-// Unit tests for common/protocol: wire layout, round trips, and rejection of malformed input.
+// Unit tests for common/wire/protocol: wire layout, round trips, and rejection of malformed input.
 #include <catch2/catch.hpp>
 
 #include <array>

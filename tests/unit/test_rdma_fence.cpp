@@ -9,8 +9,9 @@
 #include <cerrno>
 #include <cstring>
 
-#include "common/transport/rdma/client.h"
 #include "common/net/verbs.h"
+#include "common/transport/rdma/client.h"
+#include "common/wire/rdma_connect.h"
 
 using namespace rdmaswap;
 using namespace rdmaswap::rdma;

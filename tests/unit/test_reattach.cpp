@@ -10,8 +10,8 @@
 #include <cstring>
 #include <vector>
 
-#include "common/wire/protocol.h"
 #include "common/volume/reattach.h"
+#include "common/wire/protocol.h"
 #include "memserver/sessions.h"
 #include "memserver/slab_pool.h"
 

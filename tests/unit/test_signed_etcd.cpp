@@ -17,9 +17,9 @@
 #include <nlohmann/json.hpp>
 
 #include "common/cluster/discovery.h"
-#include "common/wire/donor_cert.h"
 #include "common/cluster/holders.h"
 #include "common/cluster/membership.h"
+#include "common/wire/donor_cert.h"
 #include "common/wire/volume_key.h"
 #include "fake_transport.h"
 #include "key_helpers.h"

@@ -16,12 +16,12 @@
 #include <thread>
 #include <vector>
 
-#include "common/util/deadline.h"
-#include "common/obs/log.h"
-#include "common/wire/protocol.h"
-#include "common/transport/remote_server.h"
-#include "common/transport/control_client.h"
 #include "common/net/socket.h"
+#include "common/obs/log.h"
+#include "common/transport/control_client.h"
+#include "common/transport/remote_server.h"
+#include "common/util/deadline.h"
+#include "common/wire/protocol.h"
 #include "loopback.h"
 #include "test_clock.h"
 

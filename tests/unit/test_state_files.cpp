@@ -1,5 +1,5 @@
 // SPDX-License-Identifier: MIT
-// Unit tests for common/state_files (issue 29): the volume's file names, the run file (ids,
+// Unit tests for common/volume/state_files (issue 29): the volume's file names, the run file (ids,
 // its text old and new, its lock, a clean stop), and what `rdmaswapctl state` sees of a
 // directory and may prune: never a running volume's files, a stopped one's only after its
 // lease, an unclean one's only with older-than=, the run file of a volume with a backup

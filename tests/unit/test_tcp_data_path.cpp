@@ -9,8 +9,8 @@
 #include <sched.h>
 
 #include "common/transport/data_path_base.h"
-#include "common/util/deadline.h"
 #include "common/transport/tcp/data_path.h"
+#include "common/util/deadline.h"
 #include "tcp_fake_memserver.h"
 
 using namespace rdmaswap;

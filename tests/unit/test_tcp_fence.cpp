@@ -17,9 +17,9 @@
 #include <thread>
 #include <vector>
 
-#include "common/util/deadline.h"
 #include "common/obs/log.h"
 #include "common/transport/remote_server.h"
+#include "common/util/deadline.h"
 #include "loopback.h"
 #include "memserver/server.h"
 

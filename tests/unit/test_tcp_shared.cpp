@@ -11,10 +11,10 @@
 #include <thread>
 #include <vector>
 
-#include "common/transport/data_path_base.h"
-#include "common/util/deadline.h"
 #include "common/obs/log.h"
+#include "common/transport/data_path_base.h"
 #include "common/transport/tcp/data_path.h"
+#include "common/util/deadline.h"
 #include "tcp_fake_memserver.h"
 
 using namespace rdmaswap;

@@ -1,5 +1,5 @@
 // SPDX-License-Identifier: MIT
-// Unit tests for common/volume against in-memory fake memservers (fake_transport.h).
+// Unit tests for common/volume/volume against in-memory fake memservers (fake_transport.h).
 #include <catch2/catch.hpp>
 
 #include <algorithm>

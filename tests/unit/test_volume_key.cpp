@@ -1,5 +1,5 @@
 // SPDX-License-Identifier: MIT
-// Unit tests for common/volume_key: derivation, signatures, the key file, the default path, and
+// Unit tests for common/wire/volume_key: derivation, signatures, the key file, the default path, and
 // BIND on an in-process memserver (a wrong proof is EPERM; another volume key is another volume).
 #include <catch2/catch.hpp>
 
@@ -17,9 +17,9 @@
 #include <string>
 #include <thread>
 
+#include "common/transport/control_client.h"
 #include "common/wire/auth.h"
 #include "common/wire/protocol.h"
-#include "common/transport/control_client.h"
 #include "common/wire/volume_key.h"
 #include "memserver/server.h"
 

@@ -1,5 +1,5 @@
 // SPDX-License-Identifier: MIT
-// Unit tests for common/volume against in-memory fake memservers (fake_transport.h): donors
+// Unit tests for common/volume/volume against in-memory fake memservers (fake_transport.h): donors
 // added and retired while it serves.
 #include <catch2/catch.hpp>
 

@@ -1,5 +1,5 @@
 // SPDX-License-Identifier: MIT
-// Unit tests for common/volume against in-memory fake memservers (fake_transport.h): a restart
+// Unit tests for common/volume/volume against in-memory fake memservers (fake_transport.h): a restart
 // reattaching its slabs (epochs, floors), and give-back moves.
 #include <catch2/catch.hpp>
 

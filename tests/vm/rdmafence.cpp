@@ -30,13 +30,13 @@
 #include <thread>
 #include <vector>
 
-#include "common/wire/auth.h"
-#include "common/util/config.h"
-#include "common/util/deadline.h"
-#include "common/util/err_text.h"
 #include "common/obs/log.h"
 #include "common/transport/rdma/client.h"
 #include "common/transport/remote_server.h"
+#include "common/util/config.h"
+#include "common/util/deadline.h"
+#include "common/util/err_text.h"
+#include "common/wire/auth.h"
 
 extern char **environ;
 

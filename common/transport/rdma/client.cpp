@@ -13,11 +13,13 @@
 #include <mutex>
 #include <stdexcept>
 
+#include "common/net/verbs.h"
+#include "common/obs/log.h"
 #include "common/transport/data_path_base.h"
+#include "common/util/counters.h"
 #include "common/util/deadline.h"
 #include "common/util/err_text.h"
-#include "common/obs/log.h"
-#include "common/net/verbs.h"
+#include "common/wire/rdma_connect.h"
 
 namespace rdmaswap::rdma {
 
@@ -27,16 +29,6 @@ constexpr uint32_t kWantInline = 128;
 // RDMA READs we may have outstanding on one QP.
 constexpr int kMaxReadDepth = 16;
 } // namespace
-
-int device_count()
-{
-	int n = 0;
-	ibv_device **list = ibv_get_device_list(&n);
-	if (!list)
-		return 0;
-	ibv_free_device_list(list);
-	return n;
-}
 
 bool can_reach(const Endpoint &ep, std::chrono::milliseconds timeout, std::string &why)
 {
@@ -298,12 +290,17 @@ void RdmaDataPath::connect(Deadline until)
 	cp.rnr_retry_count = 7;
 	if (rdma_connect(raw, &cp))
 		throw std::runtime_error(errno_text("rdma_connect"));
-	uint32_t reject = 0;
+	PrivateData reply;
 	AcceptData accept;
+	uint32_t reject = 0;
 	try {
 		expect_event(ch_.get(), RDMA_CM_EVENT_ESTABLISHED, bounded(timeout_, until),
-			     "RDMA connect", &reject, &accept);
+			     "RDMA connect", &reply);
 	} catch (const std::runtime_error &e) {
+		if (RejectData r; reply.len >= sizeof r) {
+			std::memcpy(&r, reply.bytes.data(), sizeof r);
+			reject = r.status;
+		}
 		if (reject == ENOENT) {
 			session_lost_->store(true);
 			throw std::runtime_error("memserver " + ep_.str() +
@@ -313,6 +310,7 @@ void RdmaDataPath::connect(Deadline until)
 					 (reject ? std::string(" (refused: ") + err_text(int(reject)) + ")"
 						 : std::string()));
 	}
+	parse_accept_data(reply.bytes.data(), reply.len, accept); // (none from a version 2 memserver)
 	remote_qpn_ = accept.qp_num;
 	if (named) {
 		// Accepted: the memserver executes nothing more from the QPs named.

@@ -13,15 +13,11 @@
 #include <string>
 #include <vector>
 
-#include "common/wire/auth.h"
-#include "common/util/config.h"
 #include "common/transport/transport.h"
+#include "common/util/config.h"
+#include "common/wire/auth.h"
 
 namespace rdmaswap::rdma {
-
-// Number of RDMA devices libibverbs lists (0 on error).
-int device_count();
-inline bool devices_present() { return device_count() > 0; }
 
 // Whether an RDMA device on this host can reach `ep` (rdma_resolve_addr + route succeed within
 // `timeout`). On false, `why` says what failed.

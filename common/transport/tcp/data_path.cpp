@@ -12,10 +12,10 @@
 #include <mutex>
 #include <stdexcept>
 
-#include "common/util/backoff.h"
-#include "common/util/err_text.h"
 #include "common/obs/log.h"
 #include "common/transport/control_client.h"
+#include "common/util/backoff.h"
+#include "common/util/err_text.h"
 
 namespace rdmaswap {
 

@@ -14,10 +14,10 @@
 #include <mutex>
 #include <span>
 
-#include "common/wire/auth.h"
-#include "common/transport/data_path_base.h"
-#include "common/wire/protocol.h"
 #include "common/net/socket.h"
+#include "common/transport/data_path_base.h"
+#include "common/wire/auth.h"
+#include "common/wire/protocol.h"
 
 namespace rdmaswap {
 
