@@ -15,12 +15,8 @@
 #include <cstdint>
 #include <memory>
 #include <mutex>
-#include <random>
-#include <set>
-#include <span>
 #include <stdexcept>
 #include <string>
-#include <unordered_map>
 #include <utility>
 #include <vector>
 
