@@ -8,6 +8,7 @@
 
 #include <fmt/format.h>
 
+#include "common/cluster/start.h"
 #include "common/net/etcd.h"
 #include "common/obs/log.h"
 #include "common/obs/metrics_text.h"
@@ -25,146 +26,6 @@ struct Membership::Watch {
 	}
 	etcd::Client client;
 };
-
-namespace {
-// The donor set's view of a load: a donor with an eighth of its slabs left counts as full, so
-// that a full member's replacement is connected while it still has room (placement falls
-// back on it meanwhile: Volume::set_outside).
-DonorLoad with_reserve(DonorLoad l)
-{
-	l.used = std::min(l.total, l.used + l.total / 8);
-	return l;
-}
-
-// The set's view of a donor (with_reserve applied): a connected one (`srv`) by its own counts,
-// another by its hint (none: it looks empty). `alive` as the caller judges it.
-DonorLoad set_view(const Server *srv, const DonorLoad &hint, bool alive)
-{
-	DonorLoad l = hint.total ? hint : DonorLoad{0, 1, true, hint.sessions};
-	if (srv) {
-		const uint32_t total = srv->info().slabs_total;
-		l = DonorLoad{total - std::min(srv->slabs_free(), total), total, true, hint.sessions};
-	}
-	l.alive = alive;
-	return with_reserve(l);
-}
-} // namespace
-
-std::vector<size_t> Membership::choose_start_members(unsigned spread,
-						      std::span<const DonorLoad> loads,
-						      std::span<const size_t> seeds)
-{
-	DonorSet set(spread, loads.size());
-	for (size_t i : seeds)
-		if (i < loads.size() && loads[i].alive && loads[i].used < loads[i].total)
-			set.seed(uint16_t(i));
-	std::minstd_rand rng(std::random_device{}());
-	set.refill(loads, rng);
-	std::vector<size_t> out(set.members().begin(), set.members().end());
-	std::sort(out.begin(), out.end());
-	return out;
-}
-
-Membership::StartPlan Membership::plan_start(unsigned spread,
-					     std::span<const Candidate> candidates,
-					     const Connect &connect)
-{
-	auto log = logger("membership");
-	const size_t n = candidates.size();
-	std::vector<std::unique_ptr<Server>> conn(n);
-	std::vector<bool> failed(n, false);
-	std::vector<std::pair<std::string, std::string>> failures; // logged as one line at the end
-	StartPlan plan;
-	auto try_connect = [&](size_t k) {
-		try {
-			conn[k] = connect(candidates[k].ep);
-		} catch (const std::exception &e) {
-			failures.emplace_back(e.what(), "");
-			failed[k] = true;
-		}
-	};
-	for (size_t k = 0; k < n; k++)
-		if (candidates[k].may_hold && candidates[k].reachable && candidates[k].probed)
-			try_connect(k);
-	// The set: donors that kept slabs for the volume first, then the others contacted; of
-	// those not contacted, only the ones that answered a probe now.
-	std::vector<DonorLoad> loads(n); // (with_reserve)
-	std::vector<size_t> seeds;
-	for (size_t k = 0; k < n; k++) {
-		const Candidate &c = candidates[k];
-		loads[k] = set_view(conn[k].get(), c.hint,
-				    conn[k] || (c.reachable && c.probed && !failed[k] && !c.may_hold));
-		if (conn[k] && conn[k]->reattached())
-			seeds.push_back(k);
-	}
-	for (size_t k = 0; k < n; k++)
-		if (conn[k] && !conn[k]->reattached())
-			seeds.push_back(k);
-	std::vector<bool> member(n, false);
-	if (spread == 0) {
-		for (size_t k = 0; k < n; k++)
-			member[k] = conn[k] != nullptr;
-	} else {
-		for (size_t k : choose_start_members(spread, loads, seeds))
-			member[k] = true;
-	}
-	const bool set_full =
-		spread > 0 && size_t(std::count(member.begin(), member.end(), true)) >= spread;
-	std::vector<size_t> fresh;
-	for (size_t k = 0; k < n; k++) {
-		if (!member[k] || conn[k])
-			continue;
-		try_connect(k);
-		if (conn[k])
-			fresh.push_back(k);
-	}
-	for (size_t k = 0; k < n; k++) {
-		const Candidate &c = candidates[k];
-		if (!c.may_hold)
-			continue;
-		if (!conn[k]) {
-			if (c.may_miss) {
-				plan.missing++; // could not ask it
-				plan.record.push_back(c.ep);
-			} // (etcd's word alone, never reached: it never makes a chunk lost)
-			continue;
-		}
-		if (!c.may_miss && !conn[k]->reattached()) {
-			// Etcd's word alone, and it kept nothing: a fresh member at most.
-			if (member[k])
-				fresh.push_back(k);
-			else
-				conn[k].reset();
-			continue;
-		}
-		// Left out of a set that has room: it is full (slabs are lazy: a start needs none),
-		// kept outside the set so that a full donor never stops a start (issue 26, S8).
-		if (!member[k] && !conn[k]->reattached() && set_full) {
-			plan.missing++; // handed back nothing: dropped (it holds nothing of ours now)
-			conn[k].reset();
-			continue;
-		}
-		Server *srv = conn[k].get();
-		plan.servers.push_back(std::move(conn[k]));
-		plan.start.push_back(Start{c.ep, 0, member[k], srv});
-		plan.record.push_back(c.ep);
-	}
-	plan.start_holders = plan.servers.size();
-	for (size_t k : fresh) {
-		Server *srv = conn[k].get();
-		plan.servers.push_back(std::move(conn[k]));
-		plan.start.push_back(Start{candidates[k].ep, 0, true, srv});
-		plan.record.push_back(candidates[k].ep);
-	}
-	std::sort(plan.record.begin(), plan.record.end(),
-		  [](const Endpoint &a, const Endpoint &b) { return a.str() < b.str(); });
-	if (failures.size() == 1)
-		log->warn("{}", failures[0].first);
-	else if (!failures.empty())
-		log->warn("{} memservers could not be used at start: {}", failures.size(),
-			  log_summary(failures));
-	return plan;
-}
 
 Membership::Entry *Membership::find(const std::string &name)
 {
@@ -679,7 +540,7 @@ unsigned Membership::step()
 			// probe's (none: it looks empty); one not probed lately, or waiting out a
 			// retry pause, is not usable.
 			const bool connected = e.slot >= 0;
-			loads_[k] = set_view(connected ? &volume_.server(size_t(e.slot)) : nullptr, e.hint,
+			loads_[k] = donor_set_view(connected ? &volume_.server(size_t(e.slot)) : nullptr, e.hint,
 					     wanted && (connected || (probed(e) && e.retry.may_try(now))));
 		}
 		if (opts_.spread > 0)

@@ -243,7 +243,8 @@ public:
 		unsigned missing = 0;      // VolumeOptions::missing_servers
 		std::vector<Endpoint> record; // the holders record to store before serving
 	};
-	// Contact the donors that may hold slabs of the volume (every reachable one with
+	// (common/cluster/start.cpp) Contact the donors that may hold slabs of the volume (every
+	// reachable one with
 	// may_hold), choose the donor set (choose_start_members among the donors probed and
 	// reachable: the ones that kept slabs for the volume first) and connect its members, then
 	// keep only the donors that kept something or are members (spread 0: every donor

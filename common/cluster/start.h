@@ -1,9 +1,10 @@
 // SPDX-License-Identifier: MIT
-// Which donors a volume's start contacts, in two steps. probe_start (here), before nbdkit forks:
-// which of the donors known (server=, etcd's listing or the donor cache, the holders record,
-// etcd's copy of it) answer a probe, in what order they are probed and when enough have
-// answered. Membership::plan_start (membership.h), after the fork: which of those answering
-// are connected, which form the donor set, which count as missing. Control path only.
+// Which donors a volume's start contacts, in two steps, both here. probe_start, before nbdkit
+// forks: which of the donors known (server=, etcd's listing or the donor cache, the holders
+// record, etcd's copy of it) answer a probe, in what order they are probed and when enough have
+// answered. Membership::plan_start (declared in membership.h with the types it shares with the
+// membership thread; defined in start.cpp), after the fork: which of those answering are
+// connected, which form the donor set, which count as missing. Control path only.
 #pragma once
 
 #include <chrono>
@@ -57,5 +58,12 @@ struct StartProbeResult {
 // are done and enough answered for the set. A donor not probed by the deadline is not
 // chosen now (Membership probes it later if the set needs it).
 StartProbeResult probe_start(const StartProbe &in, const ProbeFn &probe);
+
+// The donor set's view of a donor: a connected one (`srv`) by its own counts, another by its
+// hint (none: it looks empty), `alive` as the caller judges it; with an eighth of its slabs
+// left it counts as full, so that a full member's replacement is connected while it still has
+// room (placement falls back on it meanwhile: Volume::set_outside). The start's plan and the
+// membership step both choose members by it.
+DonorLoad donor_set_view(const Server *srv, const DonorLoad &hint, bool alive);
 
 } // namespace rdmaswap
