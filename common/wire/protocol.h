@@ -2,12 +2,17 @@
 // The rdmaswap wire protocol: a fixed 32-byte header plus a fixed body per op, all little-endian.
 #pragma once
 
+#include <algorithm>
 #include <array>
+#include <concepts>
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
 #include <span>
 #include <string>
 #include <string_view>
+#include <tuple>
+#include <type_traits>
 
 namespace rdmaswap::proto {
 
@@ -62,7 +67,18 @@ struct Header {
 	bool is_response() const { return flags & kFlagResponse; }
 };
 
-// Fixed bodies. Sizes on the wire are the k*Size constants; layout is the field order.
+// Result of decoding: ok, or why not. Decoders never read outside the span they are given.
+struct Status {
+	bool ok = true;
+	const char *error = nullptr; // static string when !ok
+	static Status fail(const char *why) { return {false, why}; }
+};
+
+// Fixed bodies. Each message lists its fields once, in wire order, in `fields(m, f)` (f is
+// called with each field: an unsigned integer or enum, little-endian on the wire, or an array of
+// bytes or chars, copied as is); encode(), decode() and the k*Size constants (wire_size) are
+// derived from that list. What a decoder checks beyond the size is the message's check()
+// (protocol.cpp), if it has one; `kWrongSize` is decode's error for a body of another size.
 struct HelloRequest {                 // 32 bytes
 	uint32_t client_version = kVersion;
 	uint32_t want_rdma = 0;       // 1: the client will attach RDMA data QPs to this session
@@ -72,6 +88,16 @@ struct HelloRequest {                 // 32 bytes
 	// The server fences it (it applies no further request from it) before answering, so
 	// that nothing the old connection still had buffered can land after what follows.
 	uint64_t replaces = 0;
+	static constexpr const char *kWrongSize = "HELLO body has the wrong size";
+	template <class M, class F> static constexpr void fields(M &m, F &&f)
+	{
+		f(m.client_version);
+		f(m.want_rdma);
+		f(m.session_id);
+		f(m.token);
+		f(m.replaces);
+	}
+	Status check() const;
 };
 struct HelloReply {                   // 80 bytes
 	uint64_t session_id = 0;
@@ -84,6 +110,20 @@ struct HelloReply {                   // 80 bytes
 	uint64_t conn_id = 0;         // this connection's id (for a later `replaces`)
 	// Fresh random bytes for this connection (never all zero): a BIND on it signs them.
 	std::array<std::byte, 32> challenge{};
+	static constexpr const char *kWrongSize = "HELLO reply has the wrong size";
+	template <class M, class F> static constexpr void fields(M &m, F &&f)
+	{
+		f(m.session_id);
+		f(m.token);
+		f(m.slab_size);
+		f(m.slabs_total);
+		f(m.slabs_free);
+		f(m.max_io);
+		f(m.server_flags);
+		f(m.conn_id);
+		f(m.challenge);
+	}
+	Status check() const;
 };
 inline constexpr uint32_t kServerRdma = 1;
 
@@ -94,15 +134,41 @@ struct AllocReply {                   // 32 bytes
 	uint64_t length = 0;
 	uint32_t slabs_free = 0;      // free slabs left on the server after this grant
 	uint32_t reserved = 0;
+	static constexpr const char *kWrongSize = "ALLOC reply has the wrong size";
+	template <class M, class F> static constexpr void fields(M &m, F &&f)
+	{
+		f(m.slab_id);
+		f(m.rkey);
+		f(m.addr);
+		f(m.length);
+		f(m.slabs_free);
+		f(m.reserved);
+	}
+	Status check() const;
 };
 struct FreeRequest {                  // 8 bytes
 	uint32_t slab_id = 0;
 	uint32_t reserved = 0;
+	static constexpr const char *kWrongSize = "FREE body has the wrong size";
+	template <class M, class F> static constexpr void fields(M &m, F &&f)
+	{
+		f(m.slab_id);
+		f(m.reserved);
+	}
+	Status check() const;
 };
 struct IoRequest {                    // 16 bytes; READ: reply payload is `length` bytes;
 	uint32_t slab_id = 0;         // WRITE: `length` payload bytes follow the body
 	uint32_t length = 0;
 	uint64_t offset = 0;
+	static constexpr const char *kWrongSize = "I/O body has the wrong size";
+	template <class M, class F> static constexpr void fields(M &m, F &&f)
+	{
+		f(m.slab_id);
+		f(m.length);
+		f(m.offset);
+	}
+	Status check() const;
 };
 struct StatsReply {                   // 80 bytes
 	uint64_t capacity = 0;
@@ -118,6 +184,24 @@ struct StatsReply {                   // 80 bytes
 	uint32_t rdma_sessions = 0;
 	uint32_t connections = 0;
 	uint64_t reserved = 0;
+	static constexpr const char *kWrongSize = "STATS reply has the wrong size";
+	template <class M, class F> static constexpr void fields(M &m, F &&f)
+	{
+		f(m.capacity);
+		f(m.slab_size);
+		f(m.slabs_total);
+		f(m.slabs_free);
+		f(m.sessions);
+		f(m.rdma_qps);
+		f(m.tcp_read_ops);
+		f(m.tcp_read_bytes);
+		f(m.tcp_write_ops);
+		f(m.tcp_write_bytes);
+		f(m.rdma_sessions);
+		f(m.connections);
+		f(m.reserved);
+	}
+	Status check() const;
 };
 
 // BIND: after HELLO, bind this session to volume `name` of the volume key `pubkey` (the
@@ -135,16 +219,40 @@ struct BindRequest {                  // 168 bytes
 	uint32_t reserved = 0;
 	std::array<std::byte, 32> pubkey{}; // the volume's Ed25519 public key
 	std::array<std::byte, 64> proof{};  // Ed25519 signature (see above)
+	static constexpr const char *kWrongSize = "BIND body has the wrong size";
+	template <class M, class F> static constexpr void fields(M &m, F &&f)
+	{
+		f(m.name);
+		f(m.lease_s);
+		f(m.reserved);
+		f(m.pubkey);
+		f(m.proof);
+	}
+	Status check() const;
 };
 struct BindReply {                    // 16 bytes
 	uint32_t reattached = 0;      // 1: took over a detached session of this volume
 	uint32_t slabs = 0;           // slabs taken over
 	uint64_t detached_ms = 0;     // how long that session had been detached
+	static constexpr const char *kWrongSize = "BIND reply has the wrong size";
+	template <class M, class F> static constexpr void fields(M &m, F &&f)
+	{
+		f(m.reattached);
+		f(m.slabs);
+		f(m.detached_ms);
+	}
+	Status check() const;
 };
 // ALLOC_TAGGED: ALLOC, with the slab's tag set in the same exchange (reply: AllocReply).
 struct AllocTaggedRequest {           // 16 bytes
 	uint64_t chunk = 0;           // which chunk of the volume the slab holds
 	uint64_t epoch = 0;           // replica freshness (0: incomplete, never trusted)
+	static constexpr const char *kWrongSize = "ALLOC_TAGGED body has the wrong size";
+	template <class M, class F> static constexpr void fields(M &m, F &&f)
+	{
+		f(m.chunk);
+		f(m.epoch);
+	}
 };
 // SET_TAG: set the tag of a slab this session holds; with slab_id == kNoSlab, set the epoch
 // floor of `chunk` in the session's volume instead (epoch 0 removes it). Reply: no body.
@@ -154,6 +262,15 @@ struct SetTagRequest {                // 24 bytes
 	uint32_t reserved = 0;
 	uint64_t chunk = 0;
 	uint64_t epoch = 0;
+	static constexpr const char *kWrongSize = "SET_TAG body has the wrong size";
+	template <class M, class F> static constexpr void fields(M &m, F &&f)
+	{
+		f(m.slab_id);
+		f(m.reserved);
+		f(m.chunk);
+		f(m.epoch);
+	}
+	Status check() const;
 };
 // VOLUME_LIST: what=0: this session's tagged slabs with id >= start (RDMA sessions: each is
 // registered in the session's PD, addr/rkey valid for its QPs); what=1: this session's floors
@@ -166,6 +283,14 @@ struct VolumeListRequest {            // 16 bytes
 	ListWhat what = ListWhat::Slabs;
 	uint32_t reserved = 0;
 	uint64_t start = 0;
+	static constexpr const char *kWrongSize = "VOLUME_LIST body has the wrong size";
+	template <class M, class F> static constexpr void fields(M &m, F &&f)
+	{
+		f(m.what);
+		f(m.reserved);
+		f(m.start);
+	}
+	Status check() const;
 };
 struct VolumeEntry {                  // 32 bytes
 	uint32_t slab_id = 0;         // kNoSlab in a floor entry
@@ -173,6 +298,15 @@ struct VolumeEntry {                  // 32 bytes
 	uint64_t addr = 0;
 	uint64_t chunk = 0;
 	uint64_t epoch = 0;
+	static constexpr const char *kWrongSize = "VOLUME_LIST entry has the wrong size";
+	template <class M, class F> static constexpr void fields(M &m, F &&f)
+	{
+		f(m.slab_id);
+		f(m.rkey);
+		f(m.addr);
+		f(m.chunk);
+		f(m.epoch);
+	}
 };
 inline constexpr uint32_t kSessionDetached = 1, kSessionRdma = 2, kSessionBound = 4;
 struct SessionEntry {                 // 160 bytes
@@ -184,16 +318,20 @@ struct SessionEntry {                 // 160 bytes
 	uint32_t connections = 0;
 	std::array<char, 64> volume{}; // NUL-padded ("" when not bound)
 	std::array<char, 64> peer{};   // the address of the client that created or bound it
+	static constexpr const char *kWrongSize = "VOLUME_LIST session entry has the wrong size";
+	template <class M, class F> static constexpr void fields(M &m, F &&f)
+	{
+		f(m.session);
+		f(m.slabs);
+		f(m.flags);
+		f(m.lease_left_ms);
+		f(m.lease_s);
+		f(m.connections);
+		f(m.volume);
+		f(m.peer);
+	}
+	Status check() const;
 };
-inline constexpr size_t kBindRequestSize = 168;
-inline constexpr size_t kBindReplySize = 16;
-inline constexpr size_t kAllocTaggedRequestSize = 16;
-inline constexpr size_t kSetTagRequestSize = 24;
-inline constexpr size_t kVolumeListRequestSize = 16;
-inline constexpr size_t kVolumeEntrySize = 32;
-inline constexpr size_t kSessionEntrySize = 160;
-inline constexpr uint32_t kMaxVolumeEntries = (kMaxIo - 4) / kVolumeEntrySize;
-inline constexpr uint32_t kMaxSessionEntries = (kMaxIo - 4) / kSessionEntrySize;
 // True if `name` is a valid volume id: 1..kMaxVolumeName graphic ASCII characters (0x21-0x7e).
 bool valid_volume_name(std::string_view name);
 // VOLUME_LIST reply bodies: encode count + entries into `out` (4 + n * entry size bytes);
@@ -206,6 +344,9 @@ long decode_entries(std::span<const std::byte> in, std::span<SessionEntry> out);
 // slabs at once, granted ones once their owners have moved them (see Op::Wanted).
 struct GiveBackRequest {              // 8 bytes
 	uint64_t bytes = 0;
+	static constexpr const char *kWrongSize = "GIVEBACK body has the wrong size";
+	template <class M, class F> static constexpr void fields(M &m, F &&f) { f(m.bytes); }
+	Status check() const;
 };
 // LEND: the reverse, for an admin: cancel pending moves, then put withdrawn slabs back in the
 // pool, up to `bytes` (rounded up to whole slabs) in all. Its reply is a GiveBackReply whose
@@ -218,19 +359,46 @@ struct GiveBackReply {                // 24 bytes (also the GIVEBACK_STATUS and 
 	uint32_t slabs_wanted = 0;    // total pending moves
 	uint32_t slabs_total = 0;
 	uint32_t reserved = 0;
+	static constexpr const char *kWrongSize = "GIVEBACK reply has the wrong size";
+	template <class M, class F> static constexpr void fields(M &m, F &&f)
+	{
+		f(m.withdrawn_now);
+		f(m.wanted_now);
+		f(m.slabs_withdrawn);
+		f(m.slabs_wanted);
+		f(m.slabs_total);
+		f(m.reserved);
+	}
+	Status check() const;
 };
 
 struct AuthRequest {                  // 48 bytes
 	std::array<std::byte, 32> client_nonce{};
 	uint64_t key_id = 0;          // AuthKey::id() of the key the client holds
 	uint64_t reserved = 0;
+	static constexpr const char *kWrongSize = "AUTH body has the wrong size";
+	template <class M, class F> static constexpr void fields(M &m, F &&f)
+	{
+		f(m.client_nonce);
+		f(m.key_id);
+		f(m.reserved);
+	}
+	Status check() const;
 };
 struct AuthReply {                    // 64 bytes
 	std::array<std::byte, 32> server_nonce{};
 	std::array<std::byte, 32> server_mac{};
+	static constexpr const char *kWrongSize = "AUTH reply has the wrong size";
+	template <class M, class F> static constexpr void fields(M &m, F &&f)
+	{
+		f(m.server_nonce);
+		f(m.server_mac);
+	}
 };
 struct AuthProofRequest {             // 32 bytes; the reply has no body
 	std::array<std::byte, 32> client_mac{};
+	static constexpr const char *kWrongSize = "AUTH_PROOF body has the wrong size";
+	template <class M, class F> static constexpr void fields(M &m, F &&f) { f(m.client_mac); }
 };
 
 // DONOR_PROOF (needs authentication): the reply is the memserver's donor certificate
@@ -239,24 +407,14 @@ struct AuthProofRequest {             // 32 bytes; the reply has no body
 // ENOENT: the memserver has no certificate (run without --donor-cert).
 struct DonorProofRequest {            // 64 bytes
 	std::array<char, 64> dialled{}; // the address the client connected to (SockAddr::str())
+	static constexpr const char *kWrongSize = "DONOR_PROOF body has the wrong size";
+	template <class M, class F> static constexpr void fields(M &m, F &&f) { f(m.dialled); }
 };
-inline constexpr size_t kDonorProofRequestSize = 64;
 inline constexpr size_t kDonorProofSigSize = 64;
 inline constexpr size_t kMaxDonorProofReply = 2048; // certificate + signature
 // The address text of a DonorProofRequest (up to its first NUL).
 std::string_view dialled_text(const DonorProofRequest &m);
 
-inline constexpr size_t kAuthRequestSize = 48;
-inline constexpr size_t kAuthReplySize = 64;
-inline constexpr size_t kAuthProofRequestSize = 32;
-inline constexpr size_t kHelloRequestSize = 32;
-inline constexpr size_t kHelloReplySize = 80;
-inline constexpr size_t kAllocReplySize = 32;
-inline constexpr size_t kFreeRequestSize = 8;
-inline constexpr size_t kIoRequestSize = 16;
-inline constexpr size_t kStatsReplySize = 80;
-inline constexpr size_t kGiveBackRequestSize = 8;
-inline constexpr size_t kGiveBackReplySize = 24;
 // LIST reply: a u32 count followed by that many u32 slab ids, at most kMaxIo bytes in all.
 inline constexpr uint32_t kMaxListIds = (kMaxIo - 4) / 4;
 // Decode a LIST reply body into `ids` (capacity ids.size()); returns the count or -1 if the
@@ -265,15 +423,6 @@ long decode_list(std::span<const std::byte> in, std::span<uint32_t> ids);
 // Encode count + ids into `out` (which must hold 4 + 4*ids.size() bytes).
 void encode_list(std::span<const uint32_t> ids, std::span<std::byte> out);
 
-// The largest fixed body of any message: a receive buffer of this size holds any body.
-inline constexpr size_t kMaxFixedBody = 168; // BIND
-
-// Result of decoding: ok, or why not. Decoders never read outside the span they are given.
-struct Status {
-	bool ok = true;
-	const char *error = nullptr; // static string when !ok
-	static Status fail(const char *why) { return {false, why}; }
-};
 
 // Header: encode into exactly kHeaderSize bytes.
 void encode_header(const Header &h, std::span<std::byte, kHeaderSize> out);
@@ -288,41 +437,129 @@ long request_body_size(Op op);
 // The exact body length a successful response to `op` has (READ: without payload).
 long reply_body_size(Op op);
 
-void encode(const AuthRequest &m, std::span<std::byte> out);
-void encode(const AuthReply &m, std::span<std::byte> out);
-void encode(const AuthProofRequest &m, std::span<std::byte> out);
-void encode(const DonorProofRequest &m, std::span<std::byte> out);
-void encode(const HelloRequest &m, std::span<std::byte> out);
-void encode(const HelloReply &m, std::span<std::byte> out);
-void encode(const AllocReply &m, std::span<std::byte> out);
-void encode(const FreeRequest &m, std::span<std::byte> out);
-void encode(const IoRequest &m, std::span<std::byte> out);
-void encode(const StatsReply &m, std::span<std::byte> out);
-void encode(const BindRequest &m, std::span<std::byte> out);
-void encode(const BindReply &m, std::span<std::byte> out);
-void encode(const AllocTaggedRequest &m, std::span<std::byte> out);
-void encode(const SetTagRequest &m, std::span<std::byte> out);
-void encode(const VolumeListRequest &m, std::span<std::byte> out);
-void encode(const GiveBackRequest &m, std::span<std::byte> out);
-void encode(const GiveBackReply &m, std::span<std::byte> out);
-// Decoders check the span is exactly the body size and every field's range.
-Status decode(std::span<const std::byte> in, AuthRequest &m);
-Status decode(std::span<const std::byte> in, AuthReply &m);
-Status decode(std::span<const std::byte> in, AuthProofRequest &m);
-Status decode(std::span<const std::byte> in, DonorProofRequest &m);
-Status decode(std::span<const std::byte> in, HelloRequest &m);
-Status decode(std::span<const std::byte> in, HelloReply &m);
-Status decode(std::span<const std::byte> in, AllocReply &m);
-Status decode(std::span<const std::byte> in, FreeRequest &m);
-Status decode(std::span<const std::byte> in, IoRequest &m);
-Status decode(std::span<const std::byte> in, StatsReply &m);
-Status decode(std::span<const std::byte> in, BindRequest &m);
-Status decode(std::span<const std::byte> in, BindReply &m);
-Status decode(std::span<const std::byte> in, AllocTaggedRequest &m);
-Status decode(std::span<const std::byte> in, SetTagRequest &m);
-Status decode(std::span<const std::byte> in, VolumeListRequest &m);
-Status decode(std::span<const std::byte> in, GiveBackRequest &m);
-Status decode(std::span<const std::byte> in, GiveBackReply &m);
+// ---- The codec, from each message's field list ----
+namespace detail {
+template <class T>
+concept WireInt = std::is_integral_v<T> || std::is_enum_v<T>;
+template <class T>
+concept WireBytes = requires { std::tuple_size<T>::value; } && sizeof(typename T::value_type) == 1;
+
+template <WireInt T> constexpr size_t field_size(const T &) { return sizeof(T); }
+template <WireBytes T> constexpr size_t field_size(const T &) { return std::tuple_size<T>::value; }
+
+template <WireInt T> void put_field(std::byte *&p, const T &v)
+{
+	static_assert(!std::is_signed_v<T>, "wire integers are unsigned");
+	const auto u = uint64_t(v);
+	for (size_t i = 0; i < sizeof(T); i++)
+		*p++ = std::byte((u >> (8 * i)) & 0xff);
+}
+template <WireBytes T> void put_field(std::byte *&p, const T &v)
+{
+	std::memcpy(p, v.data(), v.size());
+	p += v.size();
+}
+template <WireInt T> void get_field(const std::byte *&p, T &v)
+{
+	uint64_t u = 0;
+	for (size_t i = 0; i < sizeof(T); i++)
+		u |= uint64_t(*p++) << (8 * i);
+	v = T(u);
+}
+template <WireBytes T> void get_field(const std::byte *&p, T &v)
+{
+	std::memcpy(v.data(), p, v.size());
+	p += v.size();
+}
+} // namespace detail
+
+// A fixed body: a field list and the error of a body of the wrong size.
+template <class M>
+concept WireMessage = requires(M &m) {
+	M::fields(m, [](auto &) {});
+	{ M::kWrongSize } -> std::convertible_to<const char *>;
+};
+
+// Bytes of `M` on the wire: the sum of its fields'.
+template <WireMessage M> constexpr size_t wire_size()
+{
+	size_t n = 0;
+	M m{};
+	M::fields(m, [&n](const auto &f) { n += detail::field_size(f); });
+	return n;
+}
+
+// Encode `m` into the first wire_size<M>() bytes of `out` (which must hold them).
+template <WireMessage M> void encode(const M &m, std::span<std::byte> out)
+{
+	std::byte *p = out.first(wire_size<M>()).data();
+	M::fields(m, [&p](const auto &f) { detail::put_field(p, f); });
+}
+
+// Decode a body that must be exactly wire_size<M>() bytes, then check every field's range
+// (M::check, where it has one). `m` is left as it was unless the result is ok.
+template <WireMessage M> Status decode(std::span<const std::byte> in, M &m)
+{
+	if (in.size() != wire_size<M>())
+		return Status::fail(M::kWrongSize);
+	const std::byte *p = in.data();
+	M r;
+	M::fields(r, [&p](auto &f) { detail::get_field(p, f); });
+	if constexpr (requires { r.check(); })
+		if (const Status s = r.check(); !s.ok)
+			return s;
+	m = r;
+	return {};
+}
+
+// The body sizes, derived from the field lists; the asserts pin the wire format.
+inline constexpr size_t kAuthRequestSize = wire_size<AuthRequest>();
+inline constexpr size_t kAuthReplySize = wire_size<AuthReply>();
+inline constexpr size_t kAuthProofRequestSize = wire_size<AuthProofRequest>();
+inline constexpr size_t kHelloRequestSize = wire_size<HelloRequest>();
+inline constexpr size_t kHelloReplySize = wire_size<HelloReply>();
+inline constexpr size_t kAllocReplySize = wire_size<AllocReply>();
+inline constexpr size_t kFreeRequestSize = wire_size<FreeRequest>();
+inline constexpr size_t kIoRequestSize = wire_size<IoRequest>();
+inline constexpr size_t kStatsReplySize = wire_size<StatsReply>();
+inline constexpr size_t kGiveBackRequestSize = wire_size<GiveBackRequest>();
+inline constexpr size_t kGiveBackReplySize = wire_size<GiveBackReply>();
+inline constexpr size_t kBindRequestSize = wire_size<BindRequest>();
+inline constexpr size_t kBindReplySize = wire_size<BindReply>();
+inline constexpr size_t kAllocTaggedRequestSize = wire_size<AllocTaggedRequest>();
+inline constexpr size_t kSetTagRequestSize = wire_size<SetTagRequest>();
+inline constexpr size_t kVolumeListRequestSize = wire_size<VolumeListRequest>();
+inline constexpr size_t kVolumeEntrySize = wire_size<VolumeEntry>();
+inline constexpr size_t kSessionEntrySize = wire_size<SessionEntry>();
+inline constexpr size_t kDonorProofRequestSize = wire_size<DonorProofRequest>();
+
+static_assert(kAuthRequestSize == 48);
+static_assert(kAuthReplySize == 64);
+static_assert(kAuthProofRequestSize == 32);
+static_assert(kHelloRequestSize == 32);
+static_assert(kHelloReplySize == 80);
+static_assert(kAllocReplySize == 32);
+static_assert(kFreeRequestSize == 8);
+static_assert(kIoRequestSize == 16);
+static_assert(kStatsReplySize == 80);
+static_assert(kGiveBackRequestSize == 8);
+static_assert(kGiveBackReplySize == 24);
+static_assert(kBindRequestSize == 168);
+static_assert(kBindReplySize == 16);
+static_assert(kAllocTaggedRequestSize == 16);
+static_assert(kSetTagRequestSize == 24);
+static_assert(kVolumeListRequestSize == 16);
+static_assert(kVolumeEntrySize == 32);
+static_assert(kSessionEntrySize == 160);
+static_assert(kDonorProofRequestSize == 64);
+inline constexpr uint32_t kMaxVolumeEntries = (kMaxIo - 4) / kVolumeEntrySize;
+inline constexpr uint32_t kMaxSessionEntries = (kMaxIo - 4) / kSessionEntrySize;
+// The largest fixed body of any message: a receive buffer of this size holds any body.
+inline constexpr size_t kMaxFixedBody = kBindRequestSize;
+static_assert(kMaxFixedBody >= std::max({kAuthRequestSize, kAuthProofRequestSize,
+					  kDonorProofRequestSize, kHelloRequestSize, kFreeRequestSize,
+					  kIoRequestSize, kGiveBackRequestSize, kAllocTaggedRequestSize,
+					  kSetTagRequestSize, kVolumeListRequestSize}));
 
 const char *op_name(Op op);
 
