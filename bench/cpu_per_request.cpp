@@ -22,7 +22,7 @@
 
 #include "common/obs/log.h"
 #include "common/volume/volume.h"
-#include "tests/unit/fake_transport.h"
+#include "tests/support/fake_transport.h"
 
 using namespace rdmaswap;
 using Clock = std::chrono::steady_clock;

@@ -53,7 +53,7 @@ struct RegistryHints {
 
 // A random 64-bit boot id (never 0).
 uint64_t make_boot_id();
-// The key and the JSON value the memserver registers (tests/unit/test_etcd.cpp reads them):
+// The key and the JSON value the memserver registers (tests/unit/net/test_etcd.cpp reads them):
 // {"addr","boot_id","transport","slab_size","slabs_total","slabs_free","sessions","auth","ts"}
 // with `ts_ms` (unix milliseconds; 0: now), and with a donor key "cert" and "sig"
 // (sign_registration over the key and every field). Throws std::runtime_error if

@@ -19,7 +19,7 @@
 
 namespace rdmaswap::etcd {
 
-// ---- Pure helpers (no network), unit-tested in tests/unit/test_etcd.cpp ----
+// ---- Pure helpers (no network), unit-tested in tests/unit/net/test_etcd.cpp ----
 
 // "http://127.0.0.1:2379,http://[::1]:2379": the endpoints, trimmed of spaces and of a trailing
 // '/'. Each must be http:// or https:// followed by HOST:PORT (PORT 1..65535, HOST non-empty;

@@ -27,8 +27,8 @@
 #include "common/transport/tcp/data_path.h"
 #include "common/util/deadline.h"
 #include "common/wire/protocol.h"
-#include "loopback.h"
-#include "test_clock.h"
+#include "tests/support/loopback.h"
+#include "tests/support/test_clock.h"
 #include <catch2/catch.hpp>
 
 namespace rdmaswap::test {

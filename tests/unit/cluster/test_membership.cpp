@@ -9,8 +9,8 @@
 #include <set>
 
 #include "common/cluster/membership.h"
-#include "fake_transport.h"
-#include "volume_helpers.h"
+#include "tests/support/fake_transport.h"
+#include "tests/support/volume_helpers.h"
 
 using namespace rdmaswap;
 using namespace rdmaswap::test;

@@ -23,7 +23,7 @@
 #include "common/wire/auth.h"
 #include "common/wire/donor_cert.h"
 #include "common/wire/protocol.h"
-#include "key_helpers.h"
+#include "tests/support/key_helpers.h"
 #include "memserver/server.h"
 
 using namespace rdmaswap;

@@ -20,7 +20,7 @@
 #include "common/obs/log.h"
 #include "common/transport/remote_server.h"
 #include "common/util/deadline.h"
-#include "loopback.h"
+#include "tests/support/loopback.h"
 #include "memserver/server.h"
 
 using namespace rdmaswap;

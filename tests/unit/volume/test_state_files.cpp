@@ -22,7 +22,7 @@
 #include <vector>
 
 #include "common/volume/state_files.h"
-#include "state_file_helpers.h"
+#include "tests/support/state_file_helpers.h"
 
 using namespace rdmaswap;
 using namespace rdmaswap::state;

@@ -20,7 +20,7 @@
 #include "common/volume/reattach.h"
 #include "common/wire/protocol.h"
 #include "memserver/registry.h"
-#include "state_file_helpers.h"
+#include "tests/support/state_file_helpers.h"
 
 using namespace rdmaswap;
 using namespace rdmaswap::discovery;

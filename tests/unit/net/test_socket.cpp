@@ -22,8 +22,8 @@
 #include "common/transport/remote_server.h"
 #include "common/util/deadline.h"
 #include "common/wire/protocol.h"
-#include "loopback.h"
-#include "test_clock.h"
+#include "tests/support/loopback.h"
+#include "tests/support/test_clock.h"
 
 using namespace rdmaswap;
 using namespace std::chrono_literals;

@@ -21,10 +21,10 @@
 #include "common/cluster/membership.h"
 #include "common/wire/donor_cert.h"
 #include "common/wire/volume_key.h"
-#include "fake_transport.h"
-#include "key_helpers.h"
+#include "tests/support/fake_transport.h"
+#include "tests/support/key_helpers.h"
 #include "memserver/registry.h"
-#include "volume_helpers.h"
+#include "tests/support/volume_helpers.h"
 
 using namespace rdmaswap;
 using namespace rdmaswap::test;

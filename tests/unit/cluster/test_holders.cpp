@@ -18,7 +18,7 @@
 #include <string>
 
 #include "common/cluster/holders.h"
-#include "state_file_helpers.h"
+#include "tests/support/state_file_helpers.h"
 
 using namespace rdmaswap;
 using namespace rdmaswap::holders;

@@ -18,8 +18,8 @@
 
 #include "common/obs/log.h"
 #include "common/volume/volume.h"
-#include "fake_transport.h"
-#include "volume_helpers.h"
+#include "tests/support/fake_transport.h"
+#include "tests/support/volume_helpers.h"
 
 using namespace rdmaswap;
 using namespace rdmaswap::test;

@@ -6,8 +6,8 @@
 #include <atomic>
 #include <thread>
 
-#include "fake_transport.h"
-#include "volume_helpers.h"
+#include "tests/support/fake_transport.h"
+#include "tests/support/volume_helpers.h"
 
 using namespace rdmaswap;
 using namespace rdmaswap::test;

@@ -17,8 +17,8 @@
 
 #include "common/obs/log.h"
 #include "common/volume/volume.h"
-#include "fake_transport.h"
-#include "test_clock.h"
+#include "tests/support/fake_transport.h"
+#include "tests/support/test_clock.h"
 
 namespace rdmaswap::test {
 

@@ -12,10 +12,10 @@
 #include <chrono>
 
 #include "common/cluster/membership.h"
-#include "fake_transport.h"
+#include "tests/support/fake_transport.h"
 #include "memserver/quota.h"
 #include "memserver/slab_pool.h"
-#include "volume_helpers.h"
+#include "tests/support/volume_helpers.h"
 
 using namespace rdmaswap;
 using namespace std::chrono_literals;

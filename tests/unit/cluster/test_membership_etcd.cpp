@@ -21,8 +21,8 @@
 #include "common/cluster/probe.h"
 #include "common/net/etcd.h"
 #include "common/util/encoding.h"
-#include "fake_transport.h"
-#include "volume_helpers.h"
+#include "tests/support/fake_transport.h"
+#include "tests/support/volume_helpers.h"
 
 using namespace rdmaswap;
 using namespace rdmaswap::test;

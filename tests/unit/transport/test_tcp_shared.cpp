@@ -15,7 +15,7 @@
 #include "common/transport/data_path_base.h"
 #include "common/transport/tcp/data_path.h"
 #include "common/util/deadline.h"
-#include "tcp_fake_memserver.h"
+#include "tests/support/tcp_fake_memserver.h"
 
 using namespace rdmaswap;
 using namespace rdmaswap::test;
