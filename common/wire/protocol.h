@@ -74,11 +74,13 @@ struct Status {
 	static Status fail(const char *why) { return {false, why}; }
 };
 
-// Fixed bodies. Each message lists its fields once, in wire order, in `fields(m, f)` (f is
-// called with each field: an unsigned integer or enum, little-endian on the wire, or an array of
-// bytes or chars, copied as is); encode(), decode() and the k*Size constants (wire_size) are
-// derived from that list. What a decoder checks beyond the size is the message's check()
-// (protocol.cpp), if it has one; `kWrongSize` is decode's error for a body of another size.
+// Fixed bodies. A message's fields are declared once, as the struct's members: the wire layout
+// is their order (each an unsigned integer or enum, little-endian on the wire, or an array of
+// bytes or chars, copied as is). `kFields` says how many there are (the compiler checks it: a
+// structured binding of another count does not compile); encode(), decode() and the k*Size
+// constants (wire_size) are derived from the members. What a decoder checks beyond the size is
+// the message's check() (protocol.cpp), if it has one; `kWrongSize` is decode's error for a body
+// of another size.
 struct HelloRequest {                 // 32 bytes
 	uint32_t client_version = kVersion;
 	uint32_t want_rdma = 0;       // 1: the client will attach RDMA data QPs to this session
@@ -89,14 +91,7 @@ struct HelloRequest {                 // 32 bytes
 	// that nothing the old connection still had buffered can land after what follows.
 	uint64_t replaces = 0;
 	static constexpr const char *kWrongSize = "HELLO body has the wrong size";
-	template <class M, class F> static constexpr void fields(M &m, F &&f)
-	{
-		f(m.client_version);
-		f(m.want_rdma);
-		f(m.session_id);
-		f(m.token);
-		f(m.replaces);
-	}
+	static constexpr int kFields = 5;
 	Status check() const;
 };
 struct HelloReply {                   // 80 bytes
@@ -111,18 +106,7 @@ struct HelloReply {                   // 80 bytes
 	// Fresh random bytes for this connection (never all zero): a BIND on it signs them.
 	std::array<std::byte, 32> challenge{};
 	static constexpr const char *kWrongSize = "HELLO reply has the wrong size";
-	template <class M, class F> static constexpr void fields(M &m, F &&f)
-	{
-		f(m.session_id);
-		f(m.token);
-		f(m.slab_size);
-		f(m.slabs_total);
-		f(m.slabs_free);
-		f(m.max_io);
-		f(m.server_flags);
-		f(m.conn_id);
-		f(m.challenge);
-	}
+	static constexpr int kFields = 9;
 	Status check() const;
 };
 inline constexpr uint32_t kServerRdma = 1;
@@ -135,26 +119,14 @@ struct AllocReply {                   // 32 bytes
 	uint32_t slabs_free = 0;      // free slabs left on the server after this grant
 	uint32_t reserved = 0;
 	static constexpr const char *kWrongSize = "ALLOC reply has the wrong size";
-	template <class M, class F> static constexpr void fields(M &m, F &&f)
-	{
-		f(m.slab_id);
-		f(m.rkey);
-		f(m.addr);
-		f(m.length);
-		f(m.slabs_free);
-		f(m.reserved);
-	}
+	static constexpr int kFields = 6;
 	Status check() const;
 };
 struct FreeRequest {                  // 8 bytes
 	uint32_t slab_id = 0;
 	uint32_t reserved = 0;
 	static constexpr const char *kWrongSize = "FREE body has the wrong size";
-	template <class M, class F> static constexpr void fields(M &m, F &&f)
-	{
-		f(m.slab_id);
-		f(m.reserved);
-	}
+	static constexpr int kFields = 2;
 	Status check() const;
 };
 struct IoRequest {                    // 16 bytes; READ: reply payload is `length` bytes;
@@ -162,12 +134,7 @@ struct IoRequest {                    // 16 bytes; READ: reply payload is `lengt
 	uint32_t length = 0;
 	uint64_t offset = 0;
 	static constexpr const char *kWrongSize = "I/O body has the wrong size";
-	template <class M, class F> static constexpr void fields(M &m, F &&f)
-	{
-		f(m.slab_id);
-		f(m.length);
-		f(m.offset);
-	}
+	static constexpr int kFields = 3;
 	Status check() const;
 };
 struct StatsReply {                   // 80 bytes
@@ -185,22 +152,7 @@ struct StatsReply {                   // 80 bytes
 	uint32_t connections = 0;
 	uint64_t reserved = 0;
 	static constexpr const char *kWrongSize = "STATS reply has the wrong size";
-	template <class M, class F> static constexpr void fields(M &m, F &&f)
-	{
-		f(m.capacity);
-		f(m.slab_size);
-		f(m.slabs_total);
-		f(m.slabs_free);
-		f(m.sessions);
-		f(m.rdma_qps);
-		f(m.tcp_read_ops);
-		f(m.tcp_read_bytes);
-		f(m.tcp_write_ops);
-		f(m.tcp_write_bytes);
-		f(m.rdma_sessions);
-		f(m.connections);
-		f(m.reserved);
-	}
+	static constexpr int kFields = 13;
 	Status check() const;
 };
 
@@ -220,14 +172,7 @@ struct BindRequest {                  // 168 bytes
 	std::array<std::byte, 32> pubkey{}; // the volume's Ed25519 public key
 	std::array<std::byte, 64> proof{};  // Ed25519 signature (see above)
 	static constexpr const char *kWrongSize = "BIND body has the wrong size";
-	template <class M, class F> static constexpr void fields(M &m, F &&f)
-	{
-		f(m.name);
-		f(m.lease_s);
-		f(m.reserved);
-		f(m.pubkey);
-		f(m.proof);
-	}
+	static constexpr int kFields = 5;
 	Status check() const;
 };
 struct BindReply {                    // 16 bytes
@@ -235,12 +180,7 @@ struct BindReply {                    // 16 bytes
 	uint32_t slabs = 0;           // slabs taken over
 	uint64_t detached_ms = 0;     // how long that session had been detached
 	static constexpr const char *kWrongSize = "BIND reply has the wrong size";
-	template <class M, class F> static constexpr void fields(M &m, F &&f)
-	{
-		f(m.reattached);
-		f(m.slabs);
-		f(m.detached_ms);
-	}
+	static constexpr int kFields = 3;
 	Status check() const;
 };
 // ALLOC_TAGGED: ALLOC, with the slab's tag set in the same exchange (reply: AllocReply).
@@ -248,11 +188,7 @@ struct AllocTaggedRequest {           // 16 bytes
 	uint64_t chunk = 0;           // which chunk of the volume the slab holds
 	uint64_t epoch = 0;           // replica freshness (0: incomplete, never trusted)
 	static constexpr const char *kWrongSize = "ALLOC_TAGGED body has the wrong size";
-	template <class M, class F> static constexpr void fields(M &m, F &&f)
-	{
-		f(m.chunk);
-		f(m.epoch);
-	}
+	static constexpr int kFields = 2;
 };
 // SET_TAG: set the tag of a slab this session holds; with slab_id == kNoSlab, set the epoch
 // floor of `chunk` in the session's volume instead (epoch 0 removes it). Reply: no body.
@@ -263,13 +199,7 @@ struct SetTagRequest {                // 24 bytes
 	uint64_t chunk = 0;
 	uint64_t epoch = 0;
 	static constexpr const char *kWrongSize = "SET_TAG body has the wrong size";
-	template <class M, class F> static constexpr void fields(M &m, F &&f)
-	{
-		f(m.slab_id);
-		f(m.reserved);
-		f(m.chunk);
-		f(m.epoch);
-	}
+	static constexpr int kFields = 4;
 	Status check() const;
 };
 // VOLUME_LIST: what=0: this session's tagged slabs with id >= start (RDMA sessions: each is
@@ -284,12 +214,7 @@ struct VolumeListRequest {            // 16 bytes
 	uint32_t reserved = 0;
 	uint64_t start = 0;
 	static constexpr const char *kWrongSize = "VOLUME_LIST body has the wrong size";
-	template <class M, class F> static constexpr void fields(M &m, F &&f)
-	{
-		f(m.what);
-		f(m.reserved);
-		f(m.start);
-	}
+	static constexpr int kFields = 3;
 	Status check() const;
 };
 struct VolumeEntry {                  // 32 bytes
@@ -299,14 +224,7 @@ struct VolumeEntry {                  // 32 bytes
 	uint64_t chunk = 0;
 	uint64_t epoch = 0;
 	static constexpr const char *kWrongSize = "VOLUME_LIST entry has the wrong size";
-	template <class M, class F> static constexpr void fields(M &m, F &&f)
-	{
-		f(m.slab_id);
-		f(m.rkey);
-		f(m.addr);
-		f(m.chunk);
-		f(m.epoch);
-	}
+	static constexpr int kFields = 5;
 };
 inline constexpr uint32_t kSessionDetached = 1, kSessionRdma = 2, kSessionBound = 4;
 struct SessionEntry {                 // 160 bytes
@@ -319,17 +237,7 @@ struct SessionEntry {                 // 160 bytes
 	std::array<char, 64> volume{}; // NUL-padded ("" when not bound)
 	std::array<char, 64> peer{};   // the address of the client that created or bound it
 	static constexpr const char *kWrongSize = "VOLUME_LIST session entry has the wrong size";
-	template <class M, class F> static constexpr void fields(M &m, F &&f)
-	{
-		f(m.session);
-		f(m.slabs);
-		f(m.flags);
-		f(m.lease_left_ms);
-		f(m.lease_s);
-		f(m.connections);
-		f(m.volume);
-		f(m.peer);
-	}
+	static constexpr int kFields = 8;
 	Status check() const;
 };
 // True if `name` is a valid volume id: 1..kMaxVolumeName graphic ASCII characters (0x21-0x7e).
@@ -345,7 +253,7 @@ long decode_entries(std::span<const std::byte> in, std::span<SessionEntry> out);
 struct GiveBackRequest {              // 8 bytes
 	uint64_t bytes = 0;
 	static constexpr const char *kWrongSize = "GIVEBACK body has the wrong size";
-	template <class M, class F> static constexpr void fields(M &m, F &&f) { f(m.bytes); }
+	static constexpr int kFields = 1;
 	Status check() const;
 };
 // LEND: the reverse, for an admin: cancel pending moves, then put withdrawn slabs back in the
@@ -360,15 +268,7 @@ struct GiveBackReply {                // 24 bytes (also the GIVEBACK_STATUS and 
 	uint32_t slabs_total = 0;
 	uint32_t reserved = 0;
 	static constexpr const char *kWrongSize = "GIVEBACK reply has the wrong size";
-	template <class M, class F> static constexpr void fields(M &m, F &&f)
-	{
-		f(m.withdrawn_now);
-		f(m.wanted_now);
-		f(m.slabs_withdrawn);
-		f(m.slabs_wanted);
-		f(m.slabs_total);
-		f(m.reserved);
-	}
+	static constexpr int kFields = 6;
 	Status check() const;
 };
 
@@ -377,28 +277,19 @@ struct AuthRequest {                  // 48 bytes
 	uint64_t key_id = 0;          // AuthKey::id() of the key the client holds
 	uint64_t reserved = 0;
 	static constexpr const char *kWrongSize = "AUTH body has the wrong size";
-	template <class M, class F> static constexpr void fields(M &m, F &&f)
-	{
-		f(m.client_nonce);
-		f(m.key_id);
-		f(m.reserved);
-	}
+	static constexpr int kFields = 3;
 	Status check() const;
 };
 struct AuthReply {                    // 64 bytes
 	std::array<std::byte, 32> server_nonce{};
 	std::array<std::byte, 32> server_mac{};
 	static constexpr const char *kWrongSize = "AUTH reply has the wrong size";
-	template <class M, class F> static constexpr void fields(M &m, F &&f)
-	{
-		f(m.server_nonce);
-		f(m.server_mac);
-	}
+	static constexpr int kFields = 2;
 };
 struct AuthProofRequest {             // 32 bytes; the reply has no body
 	std::array<std::byte, 32> client_mac{};
 	static constexpr const char *kWrongSize = "AUTH_PROOF body has the wrong size";
-	template <class M, class F> static constexpr void fields(M &m, F &&f) { f(m.client_mac); }
+	static constexpr int kFields = 1;
 };
 
 // DONOR_PROOF (needs authentication): the reply is the memserver's donor certificate
@@ -408,7 +299,7 @@ struct AuthProofRequest {             // 32 bytes; the reply has no body
 struct DonorProofRequest {            // 64 bytes
 	std::array<char, 64> dialled{}; // the address the client connected to (SockAddr::str())
 	static constexpr const char *kWrongSize = "DONOR_PROOF body has the wrong size";
-	template <class M, class F> static constexpr void fields(M &m, F &&f) { f(m.dialled); }
+	static constexpr int kFields = 1;
 };
 inline constexpr size_t kDonorProofSigSize = 64;
 inline constexpr size_t kMaxDonorProofReply = 2048; // certificate + signature
@@ -473,19 +364,75 @@ template <WireBytes T> void get_field(const std::byte *&p, T &v)
 }
 } // namespace detail
 
-// A fixed body: a field list and the error of a body of the wrong size.
+// A fixed body: its members (kFields of them, in wire order) and the error of a body of the
+// wrong size.
 template <class M>
-concept WireMessage = requires(M &m) {
-	M::fields(m, [](auto &) {});
+concept WireMessage = std::is_aggregate_v<M> && requires {
+	{ M::kFields } -> std::convertible_to<int>;
 	{ M::kWrongSize } -> std::convertible_to<const char *>;
 };
+
+namespace detail {
+// Call `f` with each member of `m` in order (a structured binding of M::kFields names).
+template <class M, class V> constexpr void for_each_field(M &m, V &&visit)
+{
+	constexpr int n = std::remove_const_t<M>::kFields;
+	static_assert(n >= 1 && n <= 13, "for_each_field: add a case");
+	if constexpr (n == 1) {
+		auto &[x0] = m;
+		visit(x0);
+	} else if constexpr (n == 2) {
+		auto &[x0, x1] = m;
+		visit(x0); visit(x1);
+	} else if constexpr (n == 3) {
+		auto &[x0, x1, x2] = m;
+		visit(x0); visit(x1); visit(x2);
+	} else if constexpr (n == 4) {
+		auto &[x0, x1, x2, x3] = m;
+		visit(x0); visit(x1); visit(x2); visit(x3);
+	} else if constexpr (n == 5) {
+		auto &[x0, x1, x2, x3, x4] = m;
+		visit(x0); visit(x1); visit(x2); visit(x3); visit(x4);
+	} else if constexpr (n == 6) {
+		auto &[x0, x1, x2, x3, x4, x5] = m;
+		visit(x0); visit(x1); visit(x2); visit(x3); visit(x4); visit(x5);
+	} else if constexpr (n == 7) {
+		auto &[x0, x1, x2, x3, x4, x5, x6] = m;
+		visit(x0); visit(x1); visit(x2); visit(x3); visit(x4); visit(x5); visit(x6);
+	} else if constexpr (n == 8) {
+		auto &[x0, x1, x2, x3, x4, x5, x6, x7] = m;
+		visit(x0); visit(x1); visit(x2); visit(x3);
+		visit(x4); visit(x5); visit(x6); visit(x7);
+	} else if constexpr (n == 9) {
+		auto &[x0, x1, x2, x3, x4, x5, x6, x7, x8] = m;
+		visit(x0); visit(x1); visit(x2); visit(x3); visit(x4);
+		visit(x5); visit(x6); visit(x7); visit(x8);
+	} else if constexpr (n == 10) {
+		auto &[x0, x1, x2, x3, x4, x5, x6, x7, x8, x9] = m;
+		visit(x0); visit(x1); visit(x2); visit(x3); visit(x4);
+		visit(x5); visit(x6); visit(x7); visit(x8); visit(x9);
+	} else if constexpr (n == 11) {
+		auto &[x0, x1, x2, x3, x4, x5, x6, x7, x8, x9, x10] = m;
+		visit(x0); visit(x1); visit(x2); visit(x3); visit(x4); visit(x5);
+		visit(x6); visit(x7); visit(x8); visit(x9); visit(x10);
+	} else if constexpr (n == 12) {
+		auto &[x0, x1, x2, x3, x4, x5, x6, x7, x8, x9, x10, x11] = m;
+		visit(x0); visit(x1); visit(x2); visit(x3); visit(x4); visit(x5);
+		visit(x6); visit(x7); visit(x8); visit(x9); visit(x10); visit(x11);
+	} else if constexpr (n == 13) {
+		auto &[x0, x1, x2, x3, x4, x5, x6, x7, x8, x9, x10, x11, x12] = m;
+		visit(x0); visit(x1); visit(x2); visit(x3); visit(x4); visit(x5); visit(x6);
+		visit(x7); visit(x8); visit(x9); visit(x10); visit(x11); visit(x12);
+	}
+}
+} // namespace detail
 
 // Bytes of `M` on the wire: the sum of its fields'.
 template <WireMessage M> constexpr size_t wire_size()
 {
 	size_t n = 0;
 	M m{};
-	M::fields(m, [&n](const auto &f) { n += detail::field_size(f); });
+	detail::for_each_field(m, [&n](const auto &f) { n += detail::field_size(f); });
 	return n;
 }
 
@@ -493,7 +440,7 @@ template <WireMessage M> constexpr size_t wire_size()
 template <WireMessage M> void encode(const M &m, std::span<std::byte> out)
 {
 	std::byte *p = out.first(wire_size<M>()).data();
-	M::fields(m, [&p](const auto &f) { detail::put_field(p, f); });
+	detail::for_each_field(m, [&p](const auto &f) { detail::put_field(p, f); });
 }
 
 // Decode a body that must be exactly wire_size<M>() bytes, then check every field's range
@@ -504,7 +451,7 @@ template <WireMessage M> Status decode(std::span<const std::byte> in, M &m)
 		return Status::fail(M::kWrongSize);
 	const std::byte *p = in.data();
 	M r;
-	M::fields(r, [&p](auto &f) { detail::get_field(p, f); });
+	detail::for_each_field(r, [&p](auto &f) { detail::get_field(p, f); });
 	if constexpr (requires { r.check(); })
 		if (const Status s = r.check(); !s.ok)
 			return s;
