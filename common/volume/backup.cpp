@@ -3,7 +3,6 @@
 #include "common/volume/backup.h"
 
 #include <fcntl.h>
-#include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -171,27 +170,21 @@ Backup::Backup(const BackupOptions &o)
 		}
 		// The slots of every queue: at least 2 per queue, `queue_bytes` in all.
 		const unsigned per = unsigned(std::max<size_t>(2, o.queue_bytes / chunk_ / o.queues));
-		region_len_ = size_t(per) * o.queues * chunk_;
-		void *p = mmap(nullptr, region_len_, PROT_READ | PROT_WRITE,
-			       MAP_PRIVATE | MAP_ANONYMOUS | MAP_POPULATE, -1, 0);
-		if (p == MAP_FAILED)
-			throw error(path_, "cannot map the queue", errno);
-		region_ = static_cast<std::byte *>(p);
-		if (mlock(region_, region_len_) != 0)
-			logger("backup")->warn("cannot lock the backup queue's {} bytes: {}", region_len_,
-					       err_text(errno));
+		if (const int err = region_.map(size_t(per) * o.queues * chunk_))
+			throw error(path_, "cannot map the queue", err);
+		if (const int err = region_.lock())
+			logger("backup")->warn("cannot lock the backup queue's {} bytes: {}",
+					       region_.size(), err_text(err));
 		for (unsigned i = 0; i <= o.queues; i++) {
 			auto q = std::make_unique<Queue>();
 			q->cap = i < o.queues ? per : 64; // the last one: punch()'s (no data)
 			q->ring = std::make_unique<Entry[]>(q->cap);
 			if (i < o.queues)
-				q->slots = region_ + size_t(i) * per * chunk_;
+				q->slots = region_.data() + size_t(i) * per * chunk_;
 			queues_.push_back(std::move(q));
 		}
 	} catch (...) {
-		if (region_)
-			munmap(region_, region_len_);
-		::close(fd_);
+		::close(fd_); // (region_ unmaps itself)
 		throw;
 	}
 }
@@ -219,8 +212,6 @@ Backup::~Backup()
 		}
 	} catch (...) {
 	}
-	if (region_)
-		munmap(region_, region_len_);
 	::close(fd_);
 }
 

@@ -48,6 +48,7 @@
 #include <thread>
 #include <vector>
 
+#include "common/util/mapped_region.h"
 #include "common/volume/slab_lock.h"
 
 namespace rdmaswap {
@@ -163,8 +164,7 @@ private:
 	std::vector<uint8_t> live_at_close_, live_; // bitmaps (the header's)
 	std::mutex live_mu_;
 	std::unique_ptr<std::atomic<uint64_t>[]> untrusted_;
-	std::byte *region_ = nullptr; // every queue's slots
-	size_t region_len_ = 0;
+	MappedRegion region_; // every queue's slots (before the queues, which point into it)
 	std::vector<std::unique_ptr<Queue>> queues_; // put() queues, then punch()'s
 	TimedMutex punch_mu_;                        // punch()'s queue (slab_lock.h)
 	std::atomic<uint64_t> seq_{0};               // last sequence number handed out

@@ -5,8 +5,6 @@
 // (repair, give-back moves, the clone routine).
 #include "common/volume/volume.h"
 
-#include <sys/mman.h>
-
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
@@ -128,62 +126,33 @@ Volume::Volume(std::vector<std::unique_ptr<Server>> servers, const VolumeOptions
 		{kMaxBatch, std::max<uint64_t>(1, kCopyWindow / clone_job_.block), clone_job_.nblocks}));
 	const size_t window = size_t(clone_job_.block) * clone_job_.window;
 	const unsigned nch = opts.channels;
-	region_len_ = buffer_size_ * nch + 2 * window;
-	void *p = mmap(nullptr, region_len_, PROT_READ | PROT_WRITE,
-		       MAP_PRIVATE | MAP_ANONYMOUS | MAP_POPULATE, -1, 0);
-	if (p == MAP_FAILED)
-		throw std::runtime_error(std::string("cannot map channel buffers: ") +
-					 err_text(errno));
-	region_ = static_cast<std::byte *>(p);
-	if (mlock(region_, region_len_) != 0)
-		logger("volume")->warn("cannot lock {} bytes of channel buffers: {}", region_len_,
-				       err_text(errno));
-	std::span<std::byte> region(region_, region_len_);
+	// (If the constructor throws from here on, the members declared after region_ (the
+	// channels and their data paths, which point into it) are destroyed before it.)
+	if (const int err = region_.map(buffer_size_ * nch + 2 * window))
+		throw std::runtime_error(std::string("cannot map channel buffers: ") + err_text(err));
+	if (const int err = region_.lock())
+		logger("volume")->warn("cannot lock {} bytes of channel buffers: {}", region_.size(),
+				       err_text(err));
 	npaths_ = std::min(opts.paths, nch);
-	try {
-		for (unsigned i = 0; i <= nch; i++) {
-			auto ch = std::make_unique<Channel>();
-			ch->buf = region_ + size_t(i) * buffer_size_;
-			ch->index = i;
-			if (i < nch)
-				channels_.push_back(std::move(ch));
-			else
-				maint_ch_ = std::move(ch);
-		}
-		maint_ch_->paths = std::make_unique<std::unique_ptr<DataPath>[]>(max_servers_);
-		io_paths_ = std::make_unique<std::unique_ptr<DonorPaths>[]>(max_servers_);
-		for (size_t k = 0; k < nstart; k++)
-			open_paths(k, *start[k]);
-	} catch (...) {
-		io_paths_.reset();
-		channels_.clear();
-		maint_ch_.reset();
-		munmap(region_, region_len_);
-		throw;
+	for (unsigned i = 0; i <= nch; i++) {
+		auto ch = std::make_unique<Channel>();
+		ch->buf = region_.data() + size_t(i) * buffer_size_;
+		ch->index = i;
+		if (i < nch)
+			channels_.push_back(std::move(ch));
+		else
+			maint_ch_ = std::move(ch);
 	}
+	maint_ch_->paths = std::make_unique<std::unique_ptr<DataPath>[]>(max_servers_);
+	io_paths_ = std::make_unique<std::unique_ptr<DonorPaths>[]>(max_servers_);
+	for (size_t k = 0; k < nstart; k++)
+		open_paths(k, *start[k]);
 	tagged_ = true;
 	for (auto &srv : start)
 		tagged_ = tagged_ && srv->bound();
-	if (tagged_) {
-		try {
-			recover(opts.missing_servers);
-		} catch (...) {
-			io_paths_.reset();
-			channels_.clear();
-			maint_ch_.reset();
-			munmap(region_, region_len_);
-			throw;
-		}
-	}
-	try {
-		open_backup(opts);
-	} catch (...) {
-		io_paths_.reset();
-		channels_.clear();
-		maint_ch_.reset();
-		munmap(region_, region_len_);
-		throw;
-	}
+	if (tagged_)
+		recover(opts.missing_servers);
+	open_backup(opts);
 	wanted_.resize(max_servers_);
 	repair_thread_ = std::thread([this] { guarded("repair", [this] { repair_loop(); }); });
 	poll_thread_ = std::thread([this] { guarded("give-back poll", [this] { poll_loop(); }); });
@@ -329,7 +298,7 @@ size_t Volume::add_server(std::unique_ptr<Server> server)
 
 void Volume::open_paths(size_t i, Server &s)
 {
-	std::span<std::byte> region(region_, region_len_);
+	const std::span<std::byte> region = region_.bytes();
 	auto io = std::make_unique<DonorPaths>();
 	// Where paths share a connection (TCP), each channel may have a path of its own, its
 	// requests in flight beside those of the other paths on the connection: a request
@@ -439,8 +408,7 @@ Volume::~Volume()
 	io_paths_.reset(); // data paths reference the region: drop them first
 	channels_.clear();
 	maint_ch_.reset();
-	if (region_)
-		munmap(region_, region_len_);
+	region_.reset();
 }
 
 void Volume::open_backup(const VolumeOptions &o)

@@ -45,6 +45,7 @@
 #include "common/obs/metrics_text.h"
 #include "common/transport/transport.h"
 #include "common/util/counters.h"
+#include "common/util/mapped_region.h"
 #include "common/volume/backup.h"
 #include "common/volume/placement.h"
 #include "common/volume/slab_lock.h"
@@ -538,8 +539,7 @@ private:
 	const std::chrono::milliseconds down_cooldown_;
 	std::unique_ptr<Slab[]> slabs_;
 	uint64_t nslabs_ = 0;
-	std::byte *region_ = nullptr;
-	size_t region_len_ = 0;
+	MappedRegion region_; // the channels' buffers (before what points into it)
 	std::vector<std::unique_ptr<Channel>> channels_; // I/O channels
 	std::unique_ptr<Channel> maint_ch_;              // the maintenance thread's (2 windows)
 	// The I/O channels' data paths: max_servers_ slots of DonorPaths (null until the server
