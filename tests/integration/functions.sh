@@ -41,7 +41,7 @@ cleanup() {
     # from a process that exited when it was killed above (LeakSanitizer reports at exit) or
     # whose exit status the test ignores.
     if compgen -G "$tmpdir/sanitizer.*" >/dev/null; then
-        if ! "$PYTHON" "${RDMASWAP_SOURCE:?}/tests/integration/sanitizer-reports.py" \
+        if ! "$PYTHON" "${RDMASWAP_SOURCE:?}/tests/integration/helpers/sanitizer-reports.py" \
             "$tmpdir"/sanitizer.* >&2; then
             echo "FAIL: $0: sanitizer reports (above)" >&2
             rc=1
@@ -133,7 +133,7 @@ cleanup_pid() { _cleanup_pids+=("$1"); }
 
 # sigstop PID: SIGSTOP, and wait until all of PID's threads have stopped (kill returns before
 # they have; see sigstop.py). Fails the test if they have not within 5 s.
-sigstop() { "$PYTHON" "$(dirname "${BASH_SOURCE[0]}")/sigstop.py" "$1" || fail "SIGSTOP of pid $1"; }
+sigstop() { "$PYTHON" "$(dirname "${BASH_SOURCE[0]}")/helpers/sigstop.py" "$1" || fail "SIGSTOP of pid $1"; }
 
 # requires CMD [ARGS...]: skip the test unless CMD runs successfully.
 requires() {
@@ -440,7 +440,7 @@ fio_verify_beside() {
         ((FIO_RUNS < 60)) || fail "the attacker did not finish within 60 fio runs"
         timeout 50 fio --name=run$FIO_RUNS --randseed=$FIO_RUNS "${args[@]}" >"$tmpdir/fio.json" ||
             { cat "$tmpdir/fio.json" "$out" >&2; fail "fio run $FIO_RUNS failed $what"; }
-        "$PYTHON" "$(dirname "${BASH_SOURCE[0]}")/fio-check.py" "$tmpdir/fio.json" $((24 * 1024 * 1024 * 9 / 10)) ||
+        "$PYTHON" "$(dirname "${BASH_SOURCE[0]}")/helpers/fio-check.py" "$tmpdir/fio.json" $((24 * 1024 * 1024 * 9 / 10)) ||
             fail "fio: see above"
         FIO_RUNS=$((FIO_RUNS + 1))
     done

@@ -29,7 +29,7 @@ timeout 60 nbdcopy "$tmpdir/data" "$NBDKIT_URI" || fail "nbdcopy to the device f
 [ "$(ctl_get "$port" slabs_used)" -eq 32 ] || fail "expected 32 slabs used"
 
 # Another cluster-key holder, on 127.0.0.2, lists only its own session.
-"$PYTHON" "$(dirname "$0")/admin-client.py" other 127.0.0.1 "$port" "$AUTH_KEY" 127.0.0.2 30 \
+"$PYTHON" "$(dirname "$0")/helpers/admin-client.py" other 127.0.0.1 "$port" "$AUTH_KEY" 127.0.0.2 30 \
 	>"$tmpdir/other.out" 2>&1 &
 other_pid=$!
 cleanup_pid "$other_pid"
@@ -52,7 +52,7 @@ grep -q 'volume=owner-vol' <<<"$out" || fail "the admin does not see owner-vol"
 
 # Without the admin key: refused on the wire (EPERM, the connection goes on), and through
 # rdmaswapctl (the cluster key given as admin-key=: the memserver says no); nothing changes.
-"$PYTHON" "$(dirname "$0")/admin-client.py" refused 127.0.0.1 "$port" "$AUTH_KEY" ||
+"$PYTHON" "$(dirname "$0")/helpers/admin-client.py" refused 127.0.0.1 "$port" "$AUTH_KEY" ||
 	fail "the wire-level refusals (see above)"
 for op in giveback lend; do
 	rc=0

@@ -70,7 +70,7 @@ grep -q 'STATS before authentication' "$MEMSERVER_LOG" ||
 # Rate-limited: 60 failed logins make at most 10 log lines per 10 s.
 "$PYTHON" - "$MEMSERVER_PORT" "$other" <<'PY'
 import os, sys
-sys.path.insert(0, os.environ["RDMASWAP_SOURCE"] + "/tests/integration")
+sys.path.insert(0, os.environ["RDMASWAP_SOURCE"] + "/tests/integration/helpers")
 import rdmaswap_wire as wire
 port, key = int(sys.argv[1]), wire.load_key(sys.argv[2])
 for _ in range(60):

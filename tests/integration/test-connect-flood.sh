@@ -27,7 +27,7 @@ cpu0=$(awk '{ print $14 + $15 }' "/proc/$MEMSERVER_PID/stat")
 flooder=$!
 cleanup_pid $flooder
 sleep 2 # the flood is at full speed
-"$PYTHON" "$here/limits-client.py" legit 127.0.0.1 "$MEMSERVER_PORT" "$AUTH_KEY" \
+"$PYTHON" "$here/helpers/limits-client.py" legit 127.0.0.1 "$MEMSERVER_PORT" "$AUTH_KEY" \
     127.0.0.2 200 20 3 >"$tmpdir/legit.out" 2>&1 || { cat "$tmpdir/legit.out" >&2; fail "legit client"; }
 kill -0 $flooder 2>/dev/null || fail "the flood ended before the legitimate client did: $(cat "$tmpdir/flood.out")"
 wait $flooder || fail "conn-flood failed: $(cat "$tmpdir/flood.out")"

@@ -52,7 +52,7 @@ fio_args=(--ioengine=nbd --rw=write --bs=64k --iodepth=4 --verify=crc32c --verif
 # kept back while a replacement connects), so nothing may land elsewhere.
 timeout 60 fio --name=first --do_verify=0 "${fio_args[@]}" --size=14M --uri="$NBDKIT_URI" \
 	>"$tmpdir/fio1.json" || { cat "$tmpdir/fio1.json" >&2; fail "fio (first 14 MiB) failed"; }
-"$PYTHON" "$(dirname "$0")/fio-check.py" "$tmpdir/fio1.json" 0 $((14 << 20)) || fail "fio (first 14 MiB): see above"
+"$PYTHON" "$(dirname "$0")/helpers/fio-check.py" "$tmpdir/fio1.json" 0 $((14 << 20)) || fail "fio (first 14 MiB): see above"
 for p in "${others[@]}"; do
 	[ "$(used "$p")" -eq 0 ] || fail "memserver $p outside the set holds $(used "$p") slabs"
 done
@@ -77,12 +77,12 @@ for p in "${others[@]}"; do
 done
 timeout 60 fio --name=first --verify_only "${fio_args[@]}" --size=14M --uri="$NBDKIT_URI" \
 	>"$tmpdir/fio2.json" || { cat "$tmpdir/fio2.json" >&2; fail "verify after the restart failed"; }
-"$PYTHON" "$(dirname "$0")/fio-check.py" "$tmpdir/fio2.json" 0 0 || fail "verify after the restart: see above"
+"$PYTHON" "$(dirname "$0")/helpers/fio-check.py" "$tmpdir/fio2.json" 0 0 || fail "verify after the restart: see above"
 
 # The whole device: 48 slabs, more than the two members hold: new members join.
 timeout 120 fio --name=all "${fio_args[@]}" --size=48M --uri="$NBDKIT_URI" \
 	>"$tmpdir/fio3.json" || { cat "$tmpdir/fio3.json" >&2; cat "$NBDKIT_LOG" >&2; fail "fio (48 MiB) failed"; }
-"$PYTHON" "$(dirname "$0")/fio-check.py" "$tmpdir/fio3.json" 0 $((48 << 20)) || fail "fio (48 MiB): see above"
+"$PYTHON" "$(dirname "$0")/helpers/fio-check.py" "$tmpdir/fio3.json" 0 $((48 << 20)) || fail "fio (48 MiB): see above"
 total=0
 for p in "${ports[@]}"; do total=$((total + $(used "$p"))); done
 [ "$total" -eq 48 ] || fail "expected 48 slabs used in all, have $total"
@@ -119,7 +119,7 @@ no_closed_in_record() {
 wait_until 5 "the holders record to drop the closed donors" no_closed_in_record
 timeout 60 fio --name=again "${fio_args[@]}" --size=16M --uri="$NBDKIT_URI" \
 	>"$tmpdir/fio4.json" || { cat "$tmpdir/fio4.json" >&2; fail "fio (16 MiB after the trim) failed"; }
-"$PYTHON" "$(dirname "$0")/fio-check.py" "$tmpdir/fio4.json" 0 $((16 << 20)) || fail "fio (16 MiB after the trim): see above"
+"$PYTHON" "$(dirname "$0")/helpers/fio-check.py" "$tmpdir/fio4.json" 0 $((16 << 20)) || fail "fio (16 MiB after the trim): see above"
 for p in "${closed_ports[@]}"; do
 	[ "$(used "$p")" -eq 0 ] || fail "memserver $p was closed but holds $(used "$p") slabs"
 done

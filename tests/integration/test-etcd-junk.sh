@@ -30,7 +30,7 @@ registered() { [[ -n $(ectl get --print-value-only "${prefix}donors/$1") ]]; }
 reg_args=(--etcd "$ETCD_ENDPOINTS" --advertise @ADDR@ --etcd-prefix "$prefix")
 stat_get() { sed -n "s/^$1=//p" "$tmpdir/status" 2>/dev/null; }
 donor_is() { grep -q "^donor\.[0-9]*=$1 state=$2 " "$tmpdir/status" 2>/dev/null; }
-junk() { timeout 30 "$PYTHON" "$(dirname "$0")/etcd-junk.py" "${ETCD_CLIENT_URLS[0]}" "$prefix" "$@"; }
+junk() { timeout 30 "$PYTHON" "$(dirname "$0")/helpers/etcd-junk.py" "${ETCD_CLIENT_URLS[0]}" "$prefix" "$@"; }
 cpu_ticks() { awk '{print $14 + $15}' "/proc/$1/stat"; }
 
 junk dead 4096 3000 || fail "cannot write the junk registrations"

@@ -37,7 +37,7 @@ fio_region() {
         --verify_fatal=1 --verify_state_save=0 --randseed=$((off + 1)) "${extra[@]}" \
         --output-format=json >"$tmpdir/fio-$name.json" ||
         { cat "$tmpdir/fio-$name.json" >&2; fail "fio $name ($mode of $size MiB at $off MiB) failed"; }
-    "$PYTHON" "$(dirname "$0")/fio-check.py" "$tmpdir/fio-$name.json" $((size << 20)) >/dev/null ||
+    "$PYTHON" "$(dirname "$0")/helpers/fio-check.py" "$tmpdir/fio-$name.json" $((size << 20)) >/dev/null ||
         fail "fio $name: see above"
 }
 

@@ -62,7 +62,7 @@ grep -q "warning: discovery: etcd: ${prefix}donors/: 1 entry ignored (1 malforme
     fail "nbdkit did not warn about the malformed entry $bad_key"
 timeout 60 fio --name=write --do_verify=1 "${fio_args[@]}" --uri="$NBDKIT_URI" --randseed=$seed \
     >"$tmpdir/fio1.json" || { cat "$tmpdir/fio1.json" >&2; fail "fio write+verify failed"; }
-"$PYTHON" "$(dirname "$0")/fio-check.py" "$tmpdir/fio1.json" $((24 << 20)) $((24 << 20)) ||
+"$PYTHON" "$(dirname "$0")/helpers/fio-check.py" "$tmpdir/fio1.json" $((24 << 20)) $((24 << 20)) ||
     fail "fio write+verify: see above"
 used=()
 for p in "${ports[@]}"; do used+=("$(ctl_get "$p" slabs_used)"); done
@@ -99,7 +99,7 @@ restart_from_cache() {
         "$NBDKIT_LOG" || fail "nbdkit $name did not say that it used the cache $cache"
     timeout 60 fio --name=verify --verify_only "${fio_args[@]}" --uri="$NBDKIT_URI" --randseed=$seed \
         >"$tmpdir/fio-$name.json" || { cat "$tmpdir/fio-$name.json" >&2; fail "fio verify in nbdkit $name failed"; }
-    "$PYTHON" "$(dirname "$0")/fio-check.py" "$tmpdir/fio-$name.json" $((24 << 20)) ||
+    "$PYTHON" "$(dirname "$0")/helpers/fio-check.py" "$tmpdir/fio-$name.json" $((24 << 20)) ||
         fail "fio verify in nbdkit $name: see above"
     for i in 0 1; do
         [[ $(ctl_get "${ports[i]}" slabs_used) == 24 ]] ||

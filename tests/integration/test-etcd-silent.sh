@@ -40,7 +40,7 @@ time.sleep(600)' "$tmpdir/silent" &
 cleanup_pid $!
 wait_until 10 "the silent sockets" test -s "$tmpdir/silent"
 read -r -a silent <"$tmpdir/silent"
-timeout 30 "$PYTHON" "$(dirname "$0")/etcd-junk.py" "${ETCD_CLIENT_URLS[0]}" "$prefix" addrs "${silent[@]}" ||
+timeout 30 "$PYTHON" "$(dirname "$0")/helpers/etcd-junk.py" "${ETCD_CLIENT_URLS[0]}" "$prefix" addrs "${silent[@]}" ||
     fail "cannot register the silent addresses"
 start_memserver 16M 1M "${reg_args[@]}"
 addr=$MEMSERVER_ADDR

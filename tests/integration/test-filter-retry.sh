@@ -18,7 +18,7 @@ start_nbdkit retry --filter=retry -- server="$MEMSERVER_ADDR" size=16M timeout=2
 export memserver_pid="$MEMSERVER_PID"
 NBDSH_TIMEOUT=60 nbdsh_run -u "$NBDKIT_URI" -c - <<'PY'
 import os, signal, sys, threading, time
-sys.path.insert(0, os.environ["RDMASWAP_SOURCE"] + "/tests/integration")
+sys.path.insert(0, os.environ["RDMASWAP_SOURCE"] + "/tests/integration/helpers")
 import sigstop
 slab = 1 << 20
 pid = int(os.environ["memserver_pid"])

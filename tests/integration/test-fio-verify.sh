@@ -19,10 +19,10 @@ fio_args=(--ioengine=nbd --uri="$NBDKIT_URI" --rw=randwrite --bssplit=4k/50:128k
 
 timeout 50 fio --name=write-verify --do_verify=1 "${fio_args[@]}" >"$tmpdir/fio1.json" ||
     { cat "$tmpdir/fio1.json" >&2; fail "fio write+verify failed"; }
-"$PYTHON" "$(dirname "$0")/fio-check.py" "$tmpdir/fio1.json" $((64 * 1024 * 1024 * 9 / 10)) $((64 * 1024 * 1024 * 9 / 10)) ||
+"$PYTHON" "$(dirname "$0")/helpers/fio-check.py" "$tmpdir/fio1.json" $((64 * 1024 * 1024 * 9 / 10)) $((64 * 1024 * 1024 * 9 / 10)) ||
     fail "fio write+verify: see above"
 
 timeout 50 fio --name=verify-only --verify_only "${fio_args[@]}" >"$tmpdir/fio2.json" ||
     { cat "$tmpdir/fio2.json" >&2; fail "fio verify-only pass failed"; }
-"$PYTHON" "$(dirname "$0")/fio-check.py" "$tmpdir/fio2.json" $((64 * 1024 * 1024 * 9 / 10)) ||
+"$PYTHON" "$(dirname "$0")/helpers/fio-check.py" "$tmpdir/fio2.json" $((64 * 1024 * 1024 * 9 / 10)) ||
     fail "fio verify-only: see above"

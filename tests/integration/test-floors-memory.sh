@@ -12,7 +12,7 @@ here=$(cd "$(dirname "$0")" && pwd)
 
 start_memserver 16M 1M --max-floors 1000000
 r0=$(proc_kb "$MEMSERVER_PID" VmRSS)
-"$PYTHON" "$here/limits-client.py" floors 127.0.0.1 "$MEMSERVER_PORT" "$AUTH_KEY" 2 500000 2 \
+"$PYTHON" "$here/helpers/limits-client.py" floors 127.0.0.1 "$MEMSERVER_PORT" "$AUTH_KEY" 2 500000 2 \
     >"$tmpdir/floors.out" 2>&1 || { cat "$tmpdir/floors.out" >&2; fail "floors client"; }
 r1=$(proc_kb "$MEMSERVER_PID" VmRSS)
 expired() { (($(grep -c 'lease expired' "$MEMSERVER_LOG" || true) >= 2)); }

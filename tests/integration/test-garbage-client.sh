@@ -18,7 +18,7 @@ start_memserver 64M 1M --connect-rate 0
 start_nbdkit fio -- server="$MEMSERVER_ADDR" size=48M
 
 state="$tmpdir/garbage.state" stop="$tmpdir/garbage.stop"
-"$PYTHON" "$here/garbage-client.py" 127.0.0.1 "$MEMSERVER_PORT" "$state" "$stop" "$AUTH_KEY" \
+"$PYTHON" "$here/helpers/garbage-client.py" 127.0.0.1 "$MEMSERVER_PORT" "$state" "$stop" "$AUTH_KEY" \
     2>"$tmpdir/garbage.log" &
 garbage_pid=$!
 cleanup_pid "$garbage_pid"
@@ -36,7 +36,7 @@ while :; do
     rc=0
     timeout 50 fio --name=under-fire --do_verify=1 "${fio_args[@]}" >"$tmpdir/fio1.json" || rc=$?
     [[ $rc -eq 0 ]] || { cat "$tmpdir/fio1.json" >&2; fail "fio write+verify run $((runs + 1)) failed (exit $rc) under garbage"; }
-    "$PYTHON" "$here/fio-check.py" "$tmpdir/fio1.json" $((48 * 1024 * 1024 * 9 / 10)) || fail "fio: see above"
+    "$PYTHON" "$here/helpers/fio-check.py" "$tmpdir/fio1.json" $((48 * 1024 * 1024 * 9 / 10)) || fail "fio: see above"
     runs=$((runs + 1))
     (($(rounds) - before >= 3)) && break
     ((SECONDS < deadline)) || break
@@ -61,4 +61,4 @@ ctl_status "$MEMSERVER_PORT" >/dev/null || fail "memserver no longer answers rdm
 # The data is still there for new connections.
 timeout 50 fio --name=after-fire --verify_only "${fio_args[@]}" >"$tmpdir/fio2.json" ||
     { cat "$tmpdir/fio2.json" >&2; fail "fio verify-only after the garbage failed"; }
-"$PYTHON" "$here/fio-check.py" "$tmpdir/fio2.json" $((48 * 1024 * 1024 * 9 / 10)) || fail "fio: see above"
+"$PYTHON" "$here/helpers/fio-check.py" "$tmpdir/fio2.json" $((48 * 1024 * 1024 * 9 / 10)) || fail "fio: see above"

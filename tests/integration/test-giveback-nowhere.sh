@@ -19,7 +19,7 @@ fio_args=(--ioengine=nbd --uri="$NBDKIT_URI" --rw=randwrite --bs=64k --iodepth=8
 	  --verify_state_save=0 --randseed=11 --output-format=json)
 timeout 120 fio --name=write --do_verify=1 "${fio_args[@]}" >"$tmpdir/fio1.json" ||
 	{ cat "$tmpdir/fio1.json" >&2; fail "fio write+verify failed"; }
-"$PYTHON" "$(dirname "$0")/fio-check.py" "$tmpdir/fio1.json" $((32 << 20)) $((32 << 20)) ||
+"$PYTHON" "$(dirname "$0")/helpers/fio-check.py" "$tmpdir/fio1.json" $((32 << 20)) $((32 << 20)) ||
 	fail "fio write+verify: see above"
 [ "$(ctl_get "$port" slabs_used)" -eq 32 ] || fail "expected 32 slabs used"
 
@@ -53,11 +53,11 @@ expect_rss_drop "$pid" "$rss_before" 32
 # The data is intact and the slabs still take writes.
 timeout 120 fio --name=verify --verify_only "${fio_args[@]}" >"$tmpdir/fio2.json" ||
 	{ cat "$tmpdir/fio2.json" >&2; fail "fio verify after the give-back failed"; }
-"$PYTHON" "$(dirname "$0")/fio-check.py" "$tmpdir/fio2.json" $((32 << 20)) ||
+"$PYTHON" "$(dirname "$0")/helpers/fio-check.py" "$tmpdir/fio2.json" $((32 << 20)) ||
 	fail "fio verify after the give-back: see above"
 timeout 120 fio --name=rewrite --do_verify=1 --randseed=12 "${fio_args[@]}" >"$tmpdir/fio3.json" ||
 	{ cat "$tmpdir/fio3.json" >&2; fail "fio write+verify after the give-back failed"; }
-"$PYTHON" "$(dirname "$0")/fio-check.py" "$tmpdir/fio3.json" $((32 << 20)) $((32 << 20)) ||
+"$PYTHON" "$(dirname "$0")/helpers/fio-check.py" "$tmpdir/fio3.json" $((32 << 20)) $((32 << 20)) ||
 	fail "fio write+verify after the give-back: see above"
 [ "$(ctl_get "$port" pending_moves)" -eq 24 ] || fail "pending moves changed"
 exit 0

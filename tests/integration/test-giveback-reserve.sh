@@ -31,7 +31,7 @@ fio_ok() { # NAME ARGS...: run fio, require a clean verify of the whole volume
 	shift
 	timeout 120 fio --name="$name" "$@" "${fio_args[@]}" >"$tmpdir/$name.json" ||
 		{ cat "$tmpdir/$name.json" >&2; fail "fio $name failed"; }
-	"$PYTHON" "$(dirname "$0")/fio-check.py" "$tmpdir/$name.json" $((32 << 20)) ||
+	"$PYTHON" "$(dirname "$0")/helpers/fio-check.py" "$tmpdir/$name.json" $((32 << 20)) ||
 		fail "fio $name: see above"
 }
 fio_ok write --do_verify=1

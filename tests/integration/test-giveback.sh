@@ -79,7 +79,7 @@ if ! wait "$fio_pid"; then
 fi
 runs=$(cat "$tmpdir/fio-runs")
 for ((i = 1; i <= runs; i++)); do
-	"$PYTHON" "$(dirname "$0")/fio-check.py" "$tmpdir/fio1-$i.json" $((4 * 48 << 20)) \
+	"$PYTHON" "$(dirname "$0")/helpers/fio-check.py" "$tmpdir/fio1-$i.json" $((4 * 48 << 20)) \
 		$((4 * 48 << 20)) || fail "fio write+verify run $i during the give-back: see above"
 done
 log "$runs fio write+verify runs (4 loops each) during the give-back, all clean"
@@ -99,6 +99,6 @@ log "give-back: $(vol_get migrated) slabs ($((mbytes >> 20)) MiB) moved in $mms 
 
 timeout 120 fio --name=verify-only --verify_only "${fio_args[@]}" >"$tmpdir/fio2.json" ||
 	{ cat "$tmpdir/fio2.json" >&2; fail "final fio verify failed"; }
-"$PYTHON" "$(dirname "$0")/fio-check.py" "$tmpdir/fio2.json" $((48 << 20)) ||
+"$PYTHON" "$(dirname "$0")/helpers/fio-check.py" "$tmpdir/fio2.json" $((48 << 20)) ||
 	fail "final fio verify: see above"
 exit 0

@@ -13,7 +13,7 @@ timeout_s=6
 mport=$(free_port)
 start_memserver 256M 16M --workers 1 --message-timeout $timeout_s \
     --metrics-listen "127.0.0.1:$mport"
-"$PYTHON" "$here/handshake-zeroing-client.py" 127.0.0.1 "$MEMSERVER_PORT" "$AUTH_KEY" \
+"$PYTHON" "$here/helpers/handshake-zeroing-client.py" 127.0.0.1 "$MEMSERVER_PORT" "$AUTH_KEY" \
     "http://127.0.0.1:$mport/metrics" $timeout_s >"$tmpdir/client.out" 2>&1 ||
     { cat "$tmpdir/client.out" >&2; fail "handshakes waited behind zeroing (see above)"; }
 cat "$tmpdir/client.out" >&2

@@ -43,7 +43,7 @@ start_proxy() {
     shift 4
     PROXY_LOG="$tmpdir/$name.faults"
     # shellcheck disable=SC2086 # RDMASWAP_PROXY_ARGS: words
-    "$PYTHON" "$here/fault-proxy.py" --target "$target" --port-file "$tmpdir/$name.port" \
+    "$PYTHON" "$here/helpers/fault-proxy.py" --target "$target" --port-file "$tmpdir/$name.port" \
         --seed "$seed" --log "$PROXY_LOG" --quiet-start --max-seconds "$max" \
         ${RDMASWAP_PROXY_ARGS:-} "$@" >"$tmpdir/$name.log" 2>&1 &
     PROXY_PID=$!
@@ -93,7 +93,7 @@ run_case() {
     pids+=("$NBDKIT_PID")
     log "case $case_no: replicas=$replicas, faults on $faulty donor(s), seed=$seed for ${secs}s"
     # shellcheck disable=SC2086 # RDMASWAP_HISTORY_ARGS: words
-    timeout $((secs + 150)) "$PYTHON" "$here/history-check.py" --uri "$NBDKIT_URI" \
+    timeout $((secs + 150)) "$PYTHON" "$here/helpers/history-check.py" --uri "$NBDKIT_URI" \
         "${check_args[@]}" "${proxy_args[@]}" ${RDMASWAP_HISTORY_ARGS:-} \
         >"$tmpdir/check-$case_no.out" 2>&1 || rc=$?
     cat "$tmpdir/check-$case_no.out" >&2
@@ -106,7 +106,7 @@ run_case() {
     fi
 }
 
-"$PYTHON" "$here/history-check.py" --self-test >&2 || fail "history-check.py --self-test"
+"$PYTHON" "$here/helpers/history-check.py" --self-test >&2 || fail "history-check.py --self-test"
 if [[ $cases == *fresh* ]]; then
     log "fresh seed $fresh_seed (RDMASWAP_HISTORY_SEED=$fresh_seed reproduces this run's choices)"
     run_case 1 1 "$fresh_seed" $((total / 2))
@@ -118,7 +118,7 @@ if [[ $cases == *seeds* ]]; then
     while read -r seed replicas faulty _; do
         [[ $seed =~ ^[0-9]+$ ]] || continue
         run_case "${replicas:-1}" "${faulty:-1}" "$seed" "$seed_seconds"
-    done <"$here/history-seeds.txt"
+    done <"$here/helpers/history-seeds.txt"
 fi
 if ((${#failed[@]})); then
     fail "history violations (see above): ${failed[*]}"

@@ -16,7 +16,7 @@ limit=24
 start_memserver 64M 1M --max-connections $limit --handshake-timeout 1000
 start_nbdkit fio -- server="$MEMSERVER_ADDR" size=24M channels=4
 
-"$PYTHON" "$here/hostile-client.py" 127.0.0.1 "$MEMSERVER_PORT" 1 $limit \
+"$PYTHON" "$here/helpers/hostile-client.py" 127.0.0.1 "$MEMSERVER_PORT" 1 $limit \
     >"$tmpdir/hostile.out" 2>&1 &
 attacker=$!
 cleanup_pid $attacker

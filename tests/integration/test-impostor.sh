@@ -16,7 +16,7 @@ here=$(cd "$(dirname "$0")" && pwd)
 start_impostor() {
     IMPOSTOR_STATE="$tmpdir/impostor-$2.state"
     rm -f "$IMPOSTOR_STATE"
-    "$PYTHON" "$here/impostor-server.py" "$1" "$IMPOSTOR_STATE" "$2" 2>>"$tmpdir/impostor.log" &
+    "$PYTHON" "$here/helpers/impostor-server.py" "$1" "$IMPOSTOR_STATE" "$2" 2>>"$tmpdir/impostor.log" &
     IMPOSTOR_PID=$!
     cleanup_pid $IMPOSTOR_PID
     wait_until 10 "impostor ($2) listening" test -s "$IMPOSTOR_STATE"

@@ -17,7 +17,7 @@ nbdsh_run -u "$NBDKIT_URI" -c '
 h.pwrite(b"\xab" * (4 << 20), 0)
 ' || fail "nbdsh write failed"
 
-timeout 100 "$PYTHON" "$here/isolation-client.py" 127.0.0.1 "$MEMSERVER_PORT" "$AUTH_KEY" ||
+timeout 100 "$PYTHON" "$here/helpers/isolation-client.py" 127.0.0.1 "$MEMSERVER_PORT" "$AUTH_KEY" ||
     fail "isolation-client found a breach (see above)"
 
 nbdsh_run -u "$NBDKIT_URI" -c '

@@ -12,7 +12,7 @@ here=$(cd "$(dirname "$0")" && pwd)
 
 pause_ms=1500
 RDMASWAP_TEST_LIFECYCLE_PAUSE_MS=$pause_ms start_memserver 4M 64K
-"$PYTHON" "$here/lifecycle-client.py" 127.0.0.1 "$MEMSERVER_PORT" "$AUTH_KEY" "$MEMSERVER_LOG" \
+"$PYTHON" "$here/helpers/lifecycle-client.py" 127.0.0.1 "$MEMSERVER_PORT" "$AUTH_KEY" "$MEMSERVER_LOG" \
     "$(awk -v ms=$pause_ms 'BEGIN { print ms / 1000 }')" >"$tmpdir/client.out" 2>&1 || {
     cat "$tmpdir/client.out" >&2
     fail "a session transition was interleaved (see above)"

@@ -17,7 +17,7 @@ here=$(cd "$(dirname "$0")" && pwd)
 start_memserver 64M 1M --max-lease 3600 --max-floors 1000 --max-peer-sessions 8
 start_nbdkit fio -- server="$MEMSERVER_ADDR" size=24M channels=4
 
-"$PYTHON" "$here/limits-client.py" refusals 127.0.0.1 "$MEMSERVER_PORT" "$AUTH_KEY" \
+"$PYTHON" "$here/helpers/limits-client.py" refusals 127.0.0.1 "$MEMSERVER_PORT" "$AUTH_KEY" \
     3600 1000 8 10 >"$tmpdir/limits.out" 2>&1 &
 client=$!
 cleanup_pid $client

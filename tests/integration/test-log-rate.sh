@@ -11,7 +11,7 @@ here=$(cd "$(dirname "$0")" && pwd)
 
 start_memserver 16M 1M --connect-rate 0
 t0=$SECONDS
-"$PYTHON" "$here/limits-client.py" churn 127.0.0.1 "$MEMSERVER_PORT" "$AUTH_KEY" 2000 \
+"$PYTHON" "$here/helpers/limits-client.py" churn 127.0.0.1 "$MEMSERVER_PORT" "$AUTH_KEY" 2000 \
     >"$tmpdir/churn.out" 2>&1 || { cat "$tmpdir/churn.out" >&2; fail "churn client"; }
 took=$((SECONDS - t0))
 cat "$tmpdir/churn.out" >&2

@@ -41,7 +41,7 @@ sampler=$!
 cleanup_pid $sampler
 
 helper() { # helper MODE ARGS...: many-conn-client.py in the background, sets HELPER_PID
-    "$PYTHON" "$here/many-conn-client.py" "$1" 127.0.0.1 "$MEMSERVER_PORT" "$AUTH_KEY" \
+    "$PYTHON" "$here/helpers/many-conn-client.py" "$1" 127.0.0.1 "$MEMSERVER_PORT" "$AUTH_KEY" \
         "$tmpdir/stop-helpers" 280 "${@:2}" >"$tmpdir/$1.out" 2>&1 &
     HELPER_PID=$!
     cleanup_pid $HELPER_PID
@@ -100,7 +100,7 @@ timed_run() {
     wait $pid || rc=$?
     t1=$EPOCHREALTIME
     [[ $rc -eq 0 ]] || { cat "$tmpdir/$name.json" >&2; fail "fio $name failed (exit $rc)"; }
-    "$PYTHON" "$here/fio-check.py" "$tmpdir/$name.json" \
+    "$PYTHON" "$here/helpers/fio-check.py" "$tmpdir/$name.json" \
         $((loops * clients * size_mib * 1024 * 1024 * 9 / 10)) || fail "fio $name: see above"
     RUN_MS=$(((${t1/./} - ${t0/./}) / 1000))
     log "$name: $clients verified clients in $RUN_MS ms; the memserver counted $CONNECTIONS connections"
@@ -137,7 +137,7 @@ timeout 60 fio --name=fresh --ioengine=nbd --uri="$NBDKIT_URI" --rw=randwrite \
     --bssplit=4k/50:128k/50 --iodepth=4 --size=${size_mib}M --do_verify=1 --verify=crc32c \
     --verify_fatal=1 --verify_state_save=0 --output-format=json >"$tmpdir/fresh.json" ||
     { cat "$tmpdir/fresh.json" >&2; fail "a fresh client's fio failed"; }
-"$PYTHON" "$here/fio-check.py" "$tmpdir/fresh.json" $((size_mib * 1024 * 1024 * 9 / 10)) ||
+"$PYTHON" "$here/helpers/fio-check.py" "$tmpdir/fresh.json" $((size_mib * 1024 * 1024 * 9 / 10)) ||
     fail "fresh client: see above"
 
 touch "$tmpdir/stop-sampler"

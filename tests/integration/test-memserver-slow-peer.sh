@@ -16,7 +16,7 @@ here=$(cd "$(dirname "$0")" && pwd)
 timeout_s=2
 start_memserver 64M 1M --message-timeout $timeout_s
 client() {
-    "$PYTHON" "$here/slow-peer-client.py" 127.0.0.1 "$MEMSERVER_PORT" "$AUTH_KEY" \
+    "$PYTHON" "$here/helpers/slow-peer-client.py" 127.0.0.1 "$MEMSERVER_PORT" "$AUTH_KEY" \
         "$MEMSERVER_PID" $timeout_s "$@"
 }
 

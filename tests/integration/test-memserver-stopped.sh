@@ -16,7 +16,7 @@ start_nbdkit stopped -- server="$MEMSERVER_ADDR" size=16M timeout=3
 export memserver_pid="$MEMSERVER_PID"
 NBDSH_TIMEOUT=55 nbdsh_run -u "$NBDKIT_URI" -c - <<'PY'
 import errno, os, signal, sys, time
-sys.path.insert(0, os.environ["RDMASWAP_SOURCE"] + "/tests/integration")
+sys.path.insert(0, os.environ["RDMASWAP_SOURCE"] + "/tests/integration/helpers")
 import sigstop
 slab = 1 << 20
 pid = int(os.environ["memserver_pid"])

@@ -17,7 +17,7 @@ wait_until 10 "the memserver's metrics line" grep -q 'serving metrics on http://
 mport=$(sed -n 's|.*serving metrics on http://127\.0\.0\.1:\([0-9]*\)/metrics.*|\1|p' "$MEMSERVER_LOG")
 [[ -n $mport ]] || fail "no metrics port in the memserver's log"
 
-timeout 60 "$PYTHON" "$(dirname "$0")/metrics-slow-client.py" "$mport" 10 12 2 \
+timeout 60 "$PYTHON" "$(dirname "$0")/helpers/metrics-slow-client.py" "$mport" 10 12 2 \
     >"$tmpdir/slow.out" 2>"$tmpdir/slow.err" &
 client=$!
 cleanup_pid "$client"

@@ -16,7 +16,7 @@ here=$(cd "$(dirname "$0")" && pwd)
 
 timeout_s=4
 start_memserver 64M 1M --message-timeout $timeout_s --workers 4
-"$PYTHON" "$here/parked-reads-client.py" 127.0.0.1 "$MEMSERVER_PORT" "$AUTH_KEY" \
+"$PYTHON" "$here/helpers/parked-reads-client.py" 127.0.0.1 "$MEMSERVER_PORT" "$AUTH_KEY" \
     "$MEMSERVER_PID" $timeout_s >"$tmpdir/client.out" 2>&1 ||
     { cat "$tmpdir/client.out" >&2; fail "parked connections held the memserver (see above)"; }
 cat "$tmpdir/client.out" >&2
@@ -27,7 +27,7 @@ grep -q 'stopped' "$MEMSERVER_LOG" || fail "the memserver did not log its stop"
 # A connection parked for longer than --message-timeout (a takeover paused by the test hook).
 pause_ms=8000
 RDMASWAP_TEST_LIFECYCLE_PAUSE_MS=$pause_ms start_memserver 64M 1M --message-timeout 3
-"$PYTHON" "$here/parked-pause-client.py" 127.0.0.1 "$MEMSERVER_PORT" "$AUTH_KEY" \
+"$PYTHON" "$here/helpers/parked-pause-client.py" 127.0.0.1 "$MEMSERVER_PORT" "$AUTH_KEY" \
     "$MEMSERVER_LOG" "$(awk -v ms=$pause_ms 'BEGIN { print ms / 1000 }')" 3 \
     >"$tmpdir/pause.out" 2>&1 ||
     { cat "$tmpdir/pause.out" >&2; fail "a parked connection's replies were held (see above)"; }

@@ -62,11 +62,11 @@ fio_args=(--ioengine=nbd --uri="$NBDKIT_URI" --rw=randwrite --bssplit=4k/50:128k
           --verify=crc32c --verify_fatal=1 --verify_state_save=0 --randseed=77 --output-format=json)
 timeout 60 fio --name=write-verify --do_verify=1 "${fio_args[@]}" >"$tmpdir/fio1.json" ||
     { cat "$tmpdir/fio1.json" >&2; fail "fio write+verify over paths=2 failed"; }
-"$PYTHON" "$(dirname "$0")/fio-check.py" "$tmpdir/fio1.json" $((64 * 1024 * 1024 * 9 / 10)) $((64 * 1024 * 1024 * 9 / 10)) ||
+"$PYTHON" "$(dirname "$0")/helpers/fio-check.py" "$tmpdir/fio1.json" $((64 * 1024 * 1024 * 9 / 10)) $((64 * 1024 * 1024 * 9 / 10)) ||
     fail "fio write+verify over paths=2: see above"
 timeout 60 fio --name=verify-only --verify_only "${fio_args[@]}" >"$tmpdir/fio2.json" ||
     { cat "$tmpdir/fio2.json" >&2; fail "fio verify-only over paths=2 failed"; }
-"$PYTHON" "$(dirname "$0")/fio-check.py" "$tmpdir/fio2.json" $((64 * 1024 * 1024 * 9 / 10)) ||
+"$PYTHON" "$(dirname "$0")/helpers/fio-check.py" "$tmpdir/fio2.json" $((64 * 1024 * 1024 * 9 / 10)) ||
     fail "fio verify-only over paths=2: see above"
 c16p2=$(( $(settled_connections) - base ))
 stop_plugin

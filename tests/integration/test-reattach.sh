@@ -45,7 +45,7 @@ fio_args=(--ioengine=nbd --rw=randwrite --bssplit=4k/50:128k/50
 seed=7
 timeout 60 fio --name=write --do_verify=0 "${fio_args[@]}" --uri="$NBDKIT_URI" --randseed=$seed \
 	>"$tmpdir/fio1.json" || { cat "$tmpdir/fio1.json" >&2; fail "fio write phase failed"; }
-"$PYTHON" "$(dirname "$0")/fio-check.py" "$tmpdir/fio1.json" 0 $((48 << 20)) ||
+"$PYTHON" "$(dirname "$0")/helpers/fio-check.py" "$tmpdir/fio1.json" 0 $((48 << 20)) ||
 	fail "fio write phase: see above"
 want=$((48 * (n > 1 ? 2 : 1)))
 [ "$(used_total "${ports[@]}")" -eq "$want" ] || fail "expected $want slabs used after the write"
@@ -75,7 +75,7 @@ stale)
 	timeout 90 fio --name=rewrite --do_verify=0 "${fio_args[@]}" \
 		--uri="$NBDKIT_URI" --randseed=$seed >"$tmpdir/fio1b.json" ||
 		{ cat "$tmpdir/fio1b.json" >&2; fail "fio rewrite with a hung donor failed"; }
-	"$PYTHON" "$(dirname "$0")/fio-check.py" "$tmpdir/fio1b.json" 0 $((48 << 20)) ||
+	"$PYTHON" "$(dirname "$0")/helpers/fio-check.py" "$tmpdir/fio1b.json" 0 $((48 << 20)) ||
 		fail "fio rewrite: see above"
 	# Every chunk with a replica on the hung donor was written: its epoch went up.
 	raised_all() { [ "$(vol_get epoch_raises)" -ge "$on_victim" ]; }
@@ -114,7 +114,7 @@ else
 fi
 timeout 90 fio --name=verify --verify_only "${fio_args[@]}" --uri="$NBDKIT_URI" --randseed=$seed \
 	>"$tmpdir/fio2.json" || { cat "$tmpdir/fio2.json" >&2; fail "fio verify after the restart failed"; }
-"$PYTHON" "$(dirname "$0")/fio-check.py" "$tmpdir/fio2.json" $((48 << 20)) ||
+"$PYTHON" "$(dirname "$0")/helpers/fio-check.py" "$tmpdir/fio2.json" $((48 << 20)) ||
 	fail "fio verify after the restart: see above"
 log "verify after the restart ($mode): 0 errors"
 if [ "$n" -gt 1 ]; then

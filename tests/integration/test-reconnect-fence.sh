@@ -15,7 +15,7 @@ start_nbdkit fence -- server="$MEMSERVER_ADDR" size=16M timeout=2 channels=1
 export memserver_pid="$MEMSERVER_PID"
 NBDSH_TIMEOUT=60 nbdsh_run -u "$NBDKIT_URI" -c - <<'PY'
 import errno, os, signal, sys, time
-sys.path.insert(0, os.environ["RDMASWAP_SOURCE"] + "/tests/integration")
+sys.path.insert(0, os.environ["RDMASWAP_SOURCE"] + "/tests/integration/helpers")
 import sigstop
 pid = int(os.environ["memserver_pid"])
 a, b, c = (bytes([x]) * 65536 for x in (0xaa, 0xbb, 0xcc))

@@ -25,7 +25,7 @@ fio_args=(--ioengine=nbd --uri="$NBDKIT_URI" --rw=randwrite --bssplit=4k/50:128k
 	  --verify=crc32c --verify_fatal=1 --verify_state_save=0 --randseed=99 --output-format=json)
 timeout 60 fio --name=write-verify --do_verify=1 "${fio_args[@]}" >"$tmpdir/fio1.json" ||
 	{ cat "$tmpdir/fio1.json" >&2; fail "fio write+verify failed"; }
-"$PYTHON" "$(dirname "$0")/fio-check.py" "$tmpdir/fio1.json" $((48 << 20)) $((48 << 20)) ||
+"$PYTHON" "$(dirname "$0")/helpers/fio-check.py" "$tmpdir/fio1.json" $((48 << 20)) $((48 << 20)) ||
 	fail "fio write+verify: see above"
 total=0
 for p in "${ports[@]}"; do total=$((total + $(ctl_get "$p" slabs_used))); done
@@ -44,7 +44,7 @@ survivors=("${ports[0]}" "${ports[2]}")
 start=$SECONDS
 timeout 90 fio --name=verify-only --verify_only "${fio_args[@]}" >"$tmpdir/fio2.json" ||
 	{ cat "$tmpdir/fio2.json" >&2; fail "fio verify after losing a memserver failed"; }
-"$PYTHON" "$(dirname "$0")/fio-check.py" "$tmpdir/fio2.json" $((48 << 20)) ||
+"$PYTHON" "$(dirname "$0")/helpers/fio-check.py" "$tmpdir/fio2.json" $((48 << 20)) ||
 	fail "fio verify after losing a memserver: see above"
 log "verify with one memserver gone: 0 errors in $((SECONDS - start)) s"
 
@@ -68,7 +68,7 @@ grep "repair:" "$NBDKIT_LOG" | tail -1 >&2 || true
 # And the data is still right, read back again after the repair.
 timeout 60 fio --name=verify-again --verify_only "${fio_args[@]}" >"$tmpdir/fio3.json" ||
 	{ cat "$tmpdir/fio3.json" >&2; fail "fio verify after re-replication failed"; }
-"$PYTHON" "$(dirname "$0")/fio-check.py" "$tmpdir/fio3.json" $((48 << 20)) ||
+"$PYTHON" "$(dirname "$0")/helpers/fio-check.py" "$tmpdir/fio3.json" $((48 << 20)) ||
 	fail "fio verify after re-replication: see above"
 [ "$how" = stop ] && kill -CONT "${pids[$victim]}"
 exit 0

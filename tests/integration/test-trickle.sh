@@ -25,7 +25,7 @@ bound=$((3 * timeout_s)) # seconds a request caught on the slow donor may take
 start_proxy() {
 	PROXY_STATE="$tmpdir/proxy.state"
 	rm -f "$PROXY_STATE"
-	"$PYTHON" "$here/trickle-proxy.py" "$@" "$PROXY_STATE" 2>>"$tmpdir/proxy.log" &
+	"$PYTHON" "$here/helpers/trickle-proxy.py" "$@" "$PROXY_STATE" 2>>"$tmpdir/proxy.log" &
 	PROXY_PID=$!
 	cleanup_pid $PROXY_PID
 	wait_until 10 "trickle proxy listening" test -s "$PROXY_STATE"

@@ -120,7 +120,7 @@ wire)
 	start_with_status owner "${owner[@]}"
 	write_owner
 	stop_nbdkit
-	timeout 60 "$PYTHON" "$here/volume-key-client.py" 127.0.0.1 "$MEMSERVER_PORT" "$AUTH_KEY" \
+	timeout 60 "$PYTHON" "$here/helpers/volume-key-client.py" 127.0.0.1 "$MEMSERVER_PORT" "$AUTH_KEY" \
 		"$KEY_A" v || fail "volume-key-client: see above"
 	n=$(grep -c "BIND of volume v refused: wrong proof of its volume key" "$MEMSERVER_LOG" || true)
 	[ "$n" = 4 ] || fail "the memserver logged $n refused proofs, not 4"
@@ -156,7 +156,7 @@ refused)
 	# The proxy first: m2's donor certificate must also name the proxy's address, which the
 	# plugin dials (functions.sh, start_memserver).
 	m2_port=$(free_port)
-	"$PYTHON" "$here/challenge-proxy.py" "$m2_port" "$tmpdir/proxy.state" &
+	"$PYTHON" "$here/helpers/challenge-proxy.py" "$m2_port" "$tmpdir/proxy.state" &
 	cleanup_pid $!
 	wait_until 10 "challenge-proxy" test -s "$tmpdir/proxy.state"
 	proxy=$(sed -n 's/^port=\([0-9]*\).*/\1/p' "$tmpdir/proxy.state")

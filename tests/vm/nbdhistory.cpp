@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: MIT
 // nbdhistory: the history checker of "never wrong bytes" (docs/architecture.md, "The
-// guarantee") for the VM, which has no python: tests/integration/history-check.py's workload and
+// guarantee") for the VM, which has no python: tests/integration/helpers/history-check.py's workload and
 // check in C++, speaking NBD to a server's Unix socket itself (nbd_wire.h).
 //
 //   nbdhistory --socket PATH [--seconds S] [--seed N] [--threads T] [--hot H]
