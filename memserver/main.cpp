@@ -231,10 +231,9 @@ int run(int argc, char **argv)
 		return 2;
 	}
 	if (!etcd_urls.empty()) {
-		std::string why;
-		auto eps = etcd::parse_endpoints(etcd_urls, why);
+		auto eps = etcd::parse_endpoints(etcd_urls);
 		if (!eps) {
-			log->error("--etcd: {}", why);
+			log->error("--etcd: {}", eps.error);
 			return 2;
 		}
 		const auto adv = parse_endpoint(advertise, 0);

@@ -109,10 +109,9 @@ const std::vector<Key> &keys()
 		 }},
 		{"etcd",
 		 [](const char *, const char *value) {
-			 std::string why;
-			 auto eps = etcd::parse_endpoints(value, why);
+			 auto eps = etcd::parse_endpoints(value);
 			 if (!eps) {
-				 nbdkit_error("rdmaswap: etcd=%s: %s", value, why.c_str());
+				 nbdkit_error("rdmaswap: etcd=%s: %s", value, eps.error.c_str());
 				 return -1;
 			 }
 			 g_cfg.etcd.insert(g_cfg.etcd.end(), eps->begin(), eps->end());

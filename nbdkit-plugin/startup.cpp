@@ -171,10 +171,9 @@ static int discover_donors()
 	o.list = etcd_list_options();
 	o.servers = g_cfg.servers;
 	o.cache_path = g_cfg.donor_cache;
-	std::string why;
-	auto found = discovery::discover(o, why);
+	auto found = discovery::discover(o);
 	if (!found) {
-		nbdkit_error("rdmaswap: %s", why.c_str());
+		nbdkit_error("rdmaswap: %s", found.error.c_str());
 		return -1;
 	}
 	g_servers = std::move(found->servers); // (at most discovery::kMaxListed from etcd)

@@ -136,18 +136,18 @@ std::optional<Donor> check_donor(std::string_view prefix, std::string_view key,
 		ignored.note(key, fmt::format("a value of {} bytes", value.size()));
 		return std::nullopt;
 	}
-	std::string why;
-	auto d = parse_donor(prefix, key, value, why);
+	auto d = parse_donor(prefix, key, value);
 	if (!d) {
 		ignored.invalid++;
-		ignored.note(key, why);
-		return d;
+		ignored.note(key, d.error);
+		return std::nullopt;
 	}
 	if (!verifier)
-		return d;
+		return std::move(d.value);
+	std::string why;
 	switch (verify_registration(key, value, *verifier, why)) {
 	case RegistrationRefusal::None:
-		return d;
+		return std::move(d.value);
 	case RegistrationRefusal::Unsigned:
 		ignored.unsigned_++;
 		break;
@@ -170,46 +170,38 @@ std::optional<Endpoint> donor_key_addr(std::string_view prefix, std::string_view
 	return parse_addr(key.substr(dir.size()));
 }
 
-std::optional<Donor> parse_donor(std::string_view prefix, std::string_view key,
-				 std::string_view value, std::string &why)
+Result<Donor> parse_donor(std::string_view prefix, std::string_view key, std::string_view value)
 {
+	using R = Result<Donor>;
+	std::string why; // (set by the helpers below when they refuse)
 	const json o = json::parse(value, nullptr, false);
-	if (o.is_discarded() || !o.is_object()) {
-		why = "the value is not a JSON object";
-		return std::nullopt;
-	}
+	if (o.is_discarded() || !o.is_object())
+		return R::fail("the value is not a JSON object");
 	Donor d;
 	const std::string *addr = get_string(o, "addr", why);
 	if (!addr)
-		return std::nullopt;
+		return R::fail(std::move(why));
 	auto ep = parse_addr(*addr);
-	if (!ep) {
-		why = fmt::format("\"addr\" {} is not HOST:PORT", json(*addr).dump());
-		return std::nullopt;
-	}
+	if (!ep)
+		return R::fail(fmt::format("\"addr\" {} is not HOST:PORT", json(*addr).dump()));
 	d.addr = *ep;
-	if (key != donors_prefix(prefix) + *addr) {
-		why = fmt::format("the key does not end in its \"addr\" {}", *addr);
-		return std::nullopt;
-	}
+	if (key != donors_prefix(prefix) + *addr)
+		return R::fail(fmt::format("the key does not end in its \"addr\" {}", *addr));
 	const std::string *boot = get_string(o, "boot_id", why);
 	if (!boot)
-		return std::nullopt;
+		return R::fail(std::move(why));
 	if (boot->size() != 16 ||
 	    !std::all_of(boot->begin(), boot->end(),
 			 [](char c) { return (c >= '0' && c <= '9') || (c >= 'a' && c <= 'f'); }) ||
 	    (d.boot_id = std::stoull(*boot, nullptr, 16)) == 0) {
-		why = "\"boot_id\" is not 16 lower-case hex digits (and not 0)";
-		return std::nullopt;
+		return R::fail("\"boot_id\" is not 16 lower-case hex digits (and not 0)");
 	}
 	const std::string *transport = get_string(o, "transport", why);
 	if (!transport)
-		return std::nullopt;
-	if (!parse_transport(*transport)) {
-		why = fmt::format("\"transport\" {} is not tcp, rdma or auto",
-				  json(*transport).dump());
-		return std::nullopt;
-	}
+		return R::fail(std::move(why));
+	if (!parse_transport(*transport))
+		return R::fail(fmt::format("\"transport\" {} is not tcp, rdma or auto",
+					   json(*transport).dump()));
 	d.transport = *transport;
 	uint64_t total = 0, free = 0, sessions = 0;
 	constexpr uint64_t u32 = std::numeric_limits<uint32_t>::max();
@@ -217,25 +209,21 @@ std::optional<Donor> parse_donor(std::string_view prefix, std::string_view key,
 	    !get_uint(o, "slabs_total", u32, total, why) ||
 	    !get_uint(o, "slabs_free", u32, free, why) ||
 	    !get_uint(o, "sessions", u32, sessions, why, true))
-		return std::nullopt;
-	if (free > total) {
-		why = fmt::format("\"slabs_free\" {} exceeds \"slabs_total\" {}", free, total);
-		return std::nullopt;
-	}
+		return R::fail(std::move(why));
+	if (free > total)
+		return R::fail(fmt::format("\"slabs_free\" {} exceeds \"slabs_total\" {}", free, total));
 	d.slabs_total = uint32_t(total);
 	d.slabs_free = uint32_t(free);
 	d.sessions = uint32_t(sessions);
 	const auto auth = o.find("auth");
-	if (auth == o.end() || !auth->is_boolean()) {
-		why = auth == o.end() ? "no \"auth\"" : "\"auth\" is not a boolean";
-		return std::nullopt;
-	}
+	if (auth == o.end() || !auth->is_boolean())
+		return R::fail(auth == o.end() ? "no \"auth\"" : "\"auth\" is not a boolean");
 	d.auth = auth->get<bool>();
 	uint64_t ts = 0;
 	if (!get_uint(o, "ts", uint64_t(1) << 62, ts, why, true))
-		return std::nullopt;
+		return R::fail(std::move(why));
 	d.ts = int64_t(ts);
-	return d;
+	return R::of(std::move(d));
 }
 
 std::vector<Endpoint> merge(std::span<const Endpoint> servers, std::span<const Endpoint> donors)
@@ -259,41 +247,34 @@ std::string donor_document_text(std::string_view field, std::string_view value,
 	return json{{"version", 1}, {field, value}, {"donors", list}}.dump() + "\n";
 }
 
-std::optional<std::vector<Endpoint>> parse_donor_document(std::string_view text,
-							  const char *field, std::string &value,
-							  std::string &why)
+Result<std::vector<Endpoint>> parse_donor_document(std::string_view text, const char *field,
+						   std::string &value)
 {
+	using R = Result<std::vector<Endpoint>>;
+	std::string why; // (set by the helpers below when they refuse)
 	const json o = json::parse(text, nullptr, false);
-	if (o.is_discarded() || !o.is_object()) {
-		why = "not a JSON object";
-		return std::nullopt;
-	}
+	if (o.is_discarded() || !o.is_object())
+		return R::fail("not a JSON object");
 	const auto version = o.find("version");
-	if (version == o.end() || !version->is_number_unsigned() || version->get<uint64_t>() != 1) {
-		why = "not version 1";
-		return std::nullopt;
-	}
+	if (version == o.end() || !version->is_number_unsigned() || version->get<uint64_t>() != 1)
+		return R::fail("not version 1");
 	const std::string *v = get_string(o, field, why);
 	if (!v)
-		return std::nullopt;
+		return R::fail(std::move(why));
 	value = *v;
 	const auto list = o.find("donors");
-	if (list == o.end() || !list->is_array()) {
-		why = "no \"donors\" list";
-		return std::nullopt;
-	}
+	if (list == o.end() || !list->is_array())
+		return R::fail("no \"donors\" list");
 	std::vector<Endpoint> out;
 	for (const auto &e : *list) {
 		std::optional<Endpoint> ep;
 		if (e.is_string())
 			ep = parse_addr(e.get<std::string>());
-		if (!ep) {
-			why = fmt::format("donor {} is not HOST:PORT", e.dump());
-			return std::nullopt;
-		}
+		if (!ep)
+			return R::fail(fmt::format("donor {} is not HOST:PORT", e.dump()));
 		out.push_back(*ep);
 	}
-	return out;
+	return R::of(std::move(out));
 }
 
 std::string cache_text(std::string_view prefix, std::span<const Endpoint> donors)
@@ -301,15 +282,13 @@ std::string cache_text(std::string_view prefix, std::span<const Endpoint> donors
 	return donor_document_text("prefix", prefix, donors);
 }
 
-std::optional<std::vector<Endpoint>> parse_cache(std::string_view text, std::string_view prefix,
-						 std::string &why)
+Result<std::vector<Endpoint>> parse_cache(std::string_view text, std::string_view prefix)
 {
 	std::string p;
-	auto donors = parse_donor_document(text, "prefix", p, why);
-	if (donors && p != prefix) {
-		why = fmt::format("written for etcd-prefix={}, not {}", p, prefix);
-		return std::nullopt;
-	}
+	auto donors = parse_donor_document(text, "prefix", p);
+	if (donors && p != prefix)
+		return Result<std::vector<Endpoint>>::fail(
+			fmt::format("written for etcd-prefix={}, not {}", p, prefix));
 	return donors;
 }
 
@@ -324,13 +303,14 @@ std::optional<std::vector<Endpoint>> read_donor_file(const std::string &path, st
 						     const DocumentParser &parse)
 {
 	std::optional<std::string> text;
-	std::string why = read_small_file(path, kMaxStateFile, text);
-	std::optional<std::vector<Endpoint>> donors;
-	if (text)
-		donors = parse(*text, why); // sets `why` only when it refuses
-	if (!why.empty())
+	if (std::string why = read_small_file(path, kMaxStateFile, text); !why.empty())
 		throw std::runtime_error(fmt::format("{} {}: {}", what, path, why));
-	return donors;
+	if (!text)
+		return std::nullopt;
+	auto donors = parse(*text);
+	if (!donors)
+		throw std::runtime_error(fmt::format("{} {}: {}", what, path, donors.error));
+	return std::move(donors.value);
 }
 
 void write_cache(const std::string &path, std::string_view prefix, std::span<const Endpoint> donors)
@@ -340,9 +320,8 @@ void write_cache(const std::string &path, std::string_view prefix, std::span<con
 
 std::optional<std::vector<Endpoint>> read_cache(const std::string &path, std::string_view prefix)
 {
-	return read_donor_file(path, "donor cache", [&](std::string_view text, std::string &why) {
-		return parse_cache(text, prefix, why);
-	});
+	return read_donor_file(path, "donor cache",
+			       [&](std::string_view text) { return parse_cache(text, prefix); });
 }
 
 std::string escape_name(std::string_view name)
@@ -381,8 +360,9 @@ etcd::ClientOptions client_options(const ListOptions &opts)
 		std::min(opts.timeout, milliseconds(1000)), opts.credentials};
 }
 
-std::optional<Listing> list_donors(const ListOptions &opts, std::string &why)
+Result<Listing> list_donors(const ListOptions &opts)
 {
+	using R = Result<Listing>;
 	using namespace std::chrono;
 	const auto deadline = steady_clock::now() + opts.timeout;
 	try {
@@ -404,11 +384,10 @@ std::optional<Listing> list_donors(const ListOptions &opts, std::string &why)
 				// One entry alone is larger than a page: learn its key, and skip it.
 				auto k = client.get_prefix_page(dir, from, 1, out.revision, true, kPageBytes,
 								deadline);
-				if (!k || k.value->kvs.empty()) {
-					why = k ? "an entry larger than a page, whose key cannot be read"
-						: k.error;
-					return std::nullopt;
-				}
+				if (!k || k.value->kvs.empty())
+					return R::fail(k ? "an entry larger than a page, whose key cannot "
+							   "be read"
+							 : k.error);
 				const std::string &key = k.value->kvs[0].key;
 				out.ignored.too_large++;
 				out.ignored.note(key, fmt::format("an entry of more than {} bytes", kPageBytes));
@@ -424,10 +403,8 @@ std::optional<Listing> list_donors(const ListOptions &opts, std::string &why)
 				restarted = true;
 				continue;
 			}
-			if (!r) {
-				why = r.error;
-				return std::nullopt;
-			}
+			if (!r)
+				return R::fail(r.error);
 			const etcd::RangePage &page = *r.value;
 			if (out.revision == 0)
 				out.revision = page.revision;
@@ -443,29 +420,30 @@ std::optional<Listing> list_donors(const ListOptions &opts, std::string &why)
 					out.ignored.beyond++;
 			}
 			if (!page.more || page.kvs.empty())
-				return out;
+				return R::of(std::move(out));
 			if (scanned >= kMaxScanned) {
 				// (count: the keys from this page's first on)
 				out.ignored.beyond += uint64_t(
 					std::max<int64_t>(0, page.count - int64_t(page.kvs.size())));
-				return out;
+				return R::of(std::move(out));
 			}
 			from = page.kvs.back().key + '\0';
 			limit = std::min<int64_t>(kPageKeys, limit * 2);
 		}
 	} catch (const std::exception &e) {
-		why = e.what();
-		return std::nullopt;
+		return R::fail(e.what());
 	}
 }
 
-std::optional<Discovered> discover(const DiscoverOptions &opts, std::string &error)
+Result<Discovered> discover(const DiscoverOptions &opts)
 {
+	using R = Result<Discovered>;
 	const auto &log = logger("discovery");
 	const std::string where = donors_prefix(opts.list.prefix);
 	Discovered out;
-	std::string why;
-	if (auto listing = list_donors(opts.list, why)) {
+	auto listing = list_donors(opts.list);
+	const std::string &why = listing.error;
+	if (listing) {
 		if (listing->ignored.total())
 			log->warn("etcd: {}: {}", where, listing->ignored.summary());
 		out.donors.reserve(listing->donors.size());
@@ -499,10 +477,10 @@ std::optional<Discovered> discover(const DiscoverOptions &opts, std::string &err
 			out.source = Discovered::Source::Cache;
 			out.donors = std::move(*cached);
 		} else if (opts.servers.empty()) {
-			error = fmt::format("etcd is not reachable ({}) and there is no usable donor "
-					    "cache ({}: {}), and no server= is given: no memserver to use",
-					    why, opts.cache_path, cache_why);
-			return std::nullopt;
+			return R::fail(fmt::format("etcd is not reachable ({}) and there is no usable "
+						   "donor cache ({}: {}), and no server= is given: no "
+						   "memserver to use",
+						   why, opts.cache_path, cache_why));
 		} else {
 			log->warn("etcd is not reachable ({}) and there is no usable donor cache ({}: "
 				  "{}): using the server= entries only",
@@ -511,13 +489,11 @@ std::optional<Discovered> discover(const DiscoverOptions &opts, std::string &err
 		}
 	}
 	out.servers = merge(opts.servers, out.donors);
-	if (out.servers.empty()) {
-		error = fmt::format("etcd lists no donors under {} and no server= is given: no "
-				    "memserver to use",
-				    where);
-		return std::nullopt;
-	}
-	return out;
+	if (out.servers.empty())
+		return R::fail(fmt::format("etcd lists no donors under {} and no server= is given: "
+					   "no memserver to use",
+					   where));
+	return R::of(std::move(out));
 }
 
 } // namespace rdmaswap::discovery

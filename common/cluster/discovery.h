@@ -16,6 +16,7 @@
 
 #include "common/net/etcd.h"
 #include "common/util/config.h"
+#include "common/util/result.h"
 #include "common/wire/donor_cert.h"
 #include "common/wire/registration.h"
 
@@ -91,15 +92,14 @@ std::optional<Donor> check_donor(std::string_view prefix, std::string_view key,
 // The address a donor key names (`donors_prefix(prefix)` + HOST:PORT), or nullopt.
 std::optional<Endpoint> donor_key_addr(std::string_view prefix, std::string_view key);
 
-// Parse the entry `key` = `value` listed under donors_prefix(`prefix`). nullopt, with `why`
-// set, if the value is not a JSON object with every field above (but "sessions", which may be
+// Parse the entry `key` = `value` listed under donors_prefix(`prefix`). Fails, saying why,
+// if the value is not a JSON object with every field above (but "sessions", which may be
 // absent: 0) of the right type (addr a HOST:PORT with an explicit port 1..65535, boot_id 16 hex
 // digits and not 0, transport one of the three names, the counts and sessions non-negative
 // integers that fit, slabs_free <= slabs_total, auth a boolean, "ts" if present an integer
 // 1..2^62), or if `key` is not donors_prefix(prefix) + addr exactly. Unknown fields are
 // ignored (the signature, if checked, covers them).
-std::optional<Donor> parse_donor(std::string_view prefix, std::string_view key,
-				 std::string_view value, std::string &why);
+Result<Donor> parse_donor(std::string_view prefix, std::string_view key, std::string_view value);
 
 // The servers to use: `servers` (server=, in their order), then each of `donors` that no
 // earlier entry names (same host string and port), in their order. Never reorders or drops a
@@ -115,12 +115,11 @@ std::vector<Endpoint> merge(std::span<const Endpoint> servers, std::span<const E
 // "volume").
 std::string donor_document_text(std::string_view field, std::string_view value,
 				std::span<const Endpoint> donors);
-// Its donors in their order, and the string `field` in `value`. nullopt, with `why` set, if
-// `text` is not a JSON object with "version" 1, the string `field` and a "donors" list of
-// HOST:PORT strings with an explicit port (1..65535). Unknown fields are ignored.
-std::optional<std::vector<Endpoint>> parse_donor_document(std::string_view text,
-							  const char *field, std::string &value,
-							  std::string &why);
+// Its donors in their order, and the string `field` in `value`. Fails, saying why, if `text`
+// is not a JSON object with "version" 1, the string `field` and a "donors" list of HOST:PORT
+// strings with an explicit port (1..65535). Unknown fields are ignored.
+Result<std::vector<Endpoint>> parse_donor_document(std::string_view text, const char *field,
+						   std::string &value);
 
 // Write such a document `text` to `path` whole and durably (replace_private_file,
 // common/util/private_file.h: a temporary file in the same directory, mode 0600, fsync'd, renamed
@@ -130,17 +129,15 @@ void write_donor_file(const std::string &path, std::string_view what, std::strin
 // The donors `parse` finds in the file `path`, or nullopt if it does not exist. Throws
 // std::runtime_error "WHAT PATH: ..." if it cannot be read (read_small_file: a symbolic link,
 // not a regular file, larger than kMaxStateFile = 1 MiB, an I/O error) or `parse` refuses it
-// (returns nullopt and sets its `why`).
-using DocumentParser = std::function<std::optional<std::vector<Endpoint>>(std::string_view text,
-									 std::string &why)>;
+// (fails).
+using DocumentParser = std::function<Result<std::vector<Endpoint>>(std::string_view text)>;
 std::optional<std::vector<Endpoint>> read_donor_file(const std::string &path, std::string_view what,
 						     const DocumentParser &parse);
 
 std::string cache_text(std::string_view prefix, std::span<const Endpoint> donors);
-// nullopt, with `why` set, if `text` is not such a document (version other than 1, an entry
-// that is not a HOST:PORT with a port, a prefix other than `prefix`).
-std::optional<std::vector<Endpoint>> parse_cache(std::string_view text, std::string_view prefix,
-						 std::string &why);
+// Fails, saying why, if `text` is not such a document (version other than 1, an entry that is
+// not a HOST:PORT with a port, a prefix other than `prefix`).
+Result<std::vector<Endpoint>> parse_cache(std::string_view text, std::string_view prefix);
 
 // Write the cache to `path` with write_donor_file: whole and durably, mode 0600, so a reader
 // never sees half a file. The directory must exist. Throws std::runtime_error naming the path
@@ -202,11 +199,10 @@ struct Listing {
 // one snapshot (the first page's revision; listed again from the start, within the bound, if
 // it is compacted away meanwhile), each entry through check_donor, at most kMaxListed donors
 // and kMaxScanned keys (the rest counted as beyond). So a listing reads at most about
-// kMaxScanned entries and holds at most one page of reply, whatever etcd holds. nullopt, with
-// `why` set, if no endpoint answered within the bound (or etcd answered with an error). Never
-// throws but std::bad_alloc (a libcurl that cannot be initialised is a failure like any
-// other).
-std::optional<Listing> list_donors(const ListOptions &opts, std::string &why);
+// kMaxScanned entries and holds at most one page of reply, whatever etcd holds. Fails, saying
+// why, if no endpoint answered within the bound (or etcd answered with an error). Never throws
+// but std::bad_alloc (a libcurl that cannot be initialised is a failure like any other).
+Result<Listing> list_donors(const ListOptions &opts);
 
 // ---- Discovery at start: the listing, the cache, server= ----
 
@@ -233,9 +229,9 @@ struct Discovered {
 // - etcd does not answer within opts.list.timeout (every member down, or no quorum): the
 //   donors of the cache, with a warning saying so; with no usable cache (missing, damaged,
 //   another prefix) the server= entries alone, with a warning.
-// nullopt, with `error` set to a message naming the cause, when that leaves no server at all
-// (etcd lists none and server= is empty; etcd unreachable, no usable cache, no server=).
-// Never throws but std::bad_alloc.
-std::optional<Discovered> discover(const DiscoverOptions &opts, std::string &error);
+// Fails, with a message naming the cause, when that leaves no server at all (etcd lists none and
+// server= is empty; etcd unreachable, no usable cache, no server=). Never throws but
+// std::bad_alloc.
+Result<Discovered> discover(const DiscoverOptions &opts);
 
 } // namespace rdmaswap::discovery

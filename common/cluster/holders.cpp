@@ -64,38 +64,33 @@ std::string record_text(std::string_view volume, std::span<const Endpoint> donor
 	return o.dump() + "\n";
 }
 
-std::optional<std::vector<Endpoint>> parse_record(std::string_view text, std::string_view volume,
-						  std::string &why, Unreachable *unreachable)
+Result<std::vector<Endpoint>> parse_record(std::string_view text, std::string_view volume,
+					   Unreachable *unreachable)
 {
+	using R = Result<std::vector<Endpoint>>;
 	if (unreachable)
 		unreachable->clear();
 	std::string v;
-	auto donors = discovery::parse_donor_document(text, "volume", v, why);
+	auto donors = discovery::parse_donor_document(text, "volume", v);
 	if (!donors)
-		return std::nullopt;
-	if (v != volume) {
-		why = fmt::format("the record of volume {}, not {}", v, volume);
-		return std::nullopt;
-	}
+		return donors;
+	if (v != volume)
+		return R::fail(fmt::format("the record of volume {}, not {}", v, volume));
 	std::vector<Endpoint> sorted = canonical(*donors);
 	// (parse_donor_document read it as a JSON object already.)
 	const nlohmann::json o = nlohmann::json::parse(text, nullptr, false);
 	if (const auto it = o.find(kUnreachable); it != o.end()) {
-		if (!it->is_object()) {
-			why = fmt::format("\"{}\" is not an object", kUnreachable);
-			return std::nullopt;
-		}
+		if (!it->is_object())
+			return R::fail(fmt::format("\"{}\" is not an object", kUnreachable));
 		for (const auto &[name, t] : it->items()) {
-			if (!t.is_number_unsigned() || t.get<uint64_t>() > uint64_t(kMaxTime)) {
-				why = fmt::format("\"{}\" of {} is not an integer 0..2^62", kUnreachable,
-						  name);
-				return std::nullopt;
-			}
+			if (!t.is_number_unsigned() || t.get<uint64_t>() > uint64_t(kMaxTime))
+				return R::fail(fmt::format("\"{}\" of {} is not an integer 0..2^62",
+							   kUnreachable, name));
 			if (unreachable && named(sorted, name))
 				(*unreachable)[name] = int64_t(t.get<uint64_t>());
 		}
 	}
-	return sorted;
+	return R::of(std::move(sorted));
 }
 
 AgedRecord age_record(std::span<const Endpoint> recorded, std::span<const Endpoint> reached,
@@ -137,10 +132,9 @@ void write_file(const std::string &path, std::string_view volume,
 std::optional<std::vector<Endpoint>> read_file(const std::string &path, std::string_view volume,
 					       Unreachable *unreachable)
 {
-	return discovery::read_donor_file(path, "holders record",
-					  [&](std::string_view text, std::string &why) {
-						  return parse_record(text, volume, why, unreachable);
-					  });
+	return discovery::read_donor_file(path, "holders record", [&](std::string_view text) {
+		return parse_record(text, volume, unreachable);
+	});
 }
 
 std::string default_path(std::string_view default_key_path, std::string_view volume)
@@ -243,12 +237,12 @@ EtcdRecord get_etcd(const discovery::ListOptions &opts, std::string_view volume,
 		} else if (pub && !verify_signed(key, r.value->front().value, *pub, out.why)) {
 			out.status = EtcdRecord::Status::Ignored;
 			out.why = fmt::format("etcd key {}: {}", key, out.why);
-		} else if (auto donors = parse_record(r.value->front().value, volume, out.why,
+		} else if (auto donors = parse_record(r.value->front().value, volume,
 						      &out.unreachable)) {
 			out.status = EtcdRecord::Status::Found;
 			out.donors = std::move(*donors);
 		} else {
-			out.why = fmt::format("etcd key {}: {}", key, out.why);
+			out.why = fmt::format("etcd key {}: {}", key, donors.error);
 		}
 	} catch (const std::bad_alloc &) {
 		throw;

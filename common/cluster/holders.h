@@ -42,14 +42,13 @@ std::string record_text(std::string_view volume, std::span<const Endpoint> donor
 // The donors of the record `text`, sorted and without duplicates as record_text writes them
 // (an entry named twice is dropped, an unsorted list accepted), and in `*unreachable` (if
 // given; cleared first) its "unreachable_since" entries that name a donor of the list (others
-// are dropped; a record without the field gives none). nullopt, with `why` set, if `text` is
-// not such a document: not a JSON object, no "version" 1, no "volume" or one other than
-// `volume`, no "donors" list, an entry that is not a string HOST:PORT with an explicit port
-// 1..65535, or an "unreachable_since" that is not an object of integers 0..2^62. Unknown
-// fields are ignored.
-std::optional<std::vector<Endpoint>> parse_record(std::string_view text, std::string_view volume,
-						  std::string &why,
-						  Unreachable *unreachable = nullptr);
+// are dropped; a record without the field gives none). Fails, saying why, if `text` is not
+// such a document: not a JSON object, no "version" 1, no "volume" or one other than `volume`,
+// no "donors" list, an entry that is not a string HOST:PORT with an explicit port 1..65535, or
+// an "unreachable_since" that is not an object of integers 0..2^62. Unknown fields are
+// ignored.
+Result<std::vector<Endpoint>> parse_record(std::string_view text, std::string_view volume,
+					   Unreachable *unreachable = nullptr);
 
 // ---- Bounded (issue 29) ----
 

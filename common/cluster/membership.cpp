@@ -777,10 +777,9 @@ void Membership::close_idle(std::span<const size_t> to_close)
 
 bool Membership::relist(int64_t &revision)
 {
-	std::string why;
-	auto listing = discovery::list_donors(opts_.registry, why);
+	auto listing = discovery::list_donors(opts_.registry);
 	if (!listing) {
-		logger("membership")->debug("etcd: listing the donors failed: {}", why);
+		logger("membership")->debug("etcd: listing the donors failed: {}", listing.error);
 		return false;
 	}
 	{

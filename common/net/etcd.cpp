@@ -127,8 +127,9 @@ template <class T, class F> Result<T> parse_with(std::string_view text, F &&f)
 
 } // namespace
 
-std::optional<std::vector<std::string>> parse_endpoints(std::string_view list, std::string &error)
+Result<std::vector<std::string>> parse_endpoints(std::string_view list)
 {
+	using R = Result<std::vector<std::string>>;
 	std::vector<std::string> out;
 	size_t pos = 0;
 	while (pos <= list.size()) {
@@ -141,30 +142,23 @@ std::optional<std::vector<std::string>> parse_endpoints(std::string_view list, s
 			e.remove_prefix(1);
 		while (!e.empty() && (e.back() == ' ' || e.back() == '/'))
 			e.remove_suffix(1);
-		if (e.empty()) {
-			error = "empty etcd endpoint in '" + std::string(list) + "'";
-			return std::nullopt;
-		}
+		if (e.empty())
+			return R::fail("empty etcd endpoint in '" + std::string(list) + "'");
 		std::string_view rest = e;
 		if (rest.starts_with("http://"))
 			rest.remove_prefix(7);
 		else if (rest.starts_with("https://"))
 			rest.remove_prefix(8);
-		else {
-			error = "etcd endpoint '" + std::string(e) +
-				"' must start with http:// or https://";
-			return std::nullopt;
-		}
+		else
+			return R::fail("etcd endpoint '" + std::string(e) +
+				       "' must start with http:// or https://");
 		// HOST:PORT with the port required (parse_endpoint's default 0 means none given).
 		const auto hp = parse_endpoint(rest, 0);
-		if (!hp || hp->port == 0 || hp->host.find_first_of("@?#") != std::string::npos) {
-			error = "etcd endpoint '" + std::string(e) +
-				"' is not http(s)://HOST:PORT";
-			return std::nullopt;
-		}
+		if (!hp || hp->port == 0 || hp->host.find_first_of("@?#") != std::string::npos)
+			return R::fail("etcd endpoint '" + std::string(e) + "' is not http(s)://HOST:PORT");
 		out.emplace_back(e);
 	}
-	return out;
+	return R::of(std::move(out));
 }
 
 std::string prefix_range_end(std::string_view prefix)

@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "common/util/config.h"
+#include "common/util/result.h"
 
 namespace rdmaswap::etcd {
 
@@ -23,9 +24,9 @@ namespace rdmaswap::etcd {
 
 // "http://127.0.0.1:2379,http://[::1]:2379": the endpoints, trimmed of spaces and of a trailing
 // '/'. Each must be http:// or https:// followed by HOST:PORT (PORT 1..65535, HOST non-empty;
-// an IPv6 host in brackets) and nothing else. nullopt and `error` set if the list is empty or
-// one is malformed.
-std::optional<std::vector<std::string>> parse_endpoints(std::string_view list, std::string &error);
+// an IPv6 host in brackets) and nothing else. Fails, saying why, if the list is empty or one is
+// malformed.
+Result<std::vector<std::string>> parse_endpoints(std::string_view list);
 
 // The range_end that selects every key starting with `prefix` (the prefix with its last byte
 // below 0xff incremented, what follows dropped); "\0" (every key) when the prefix is empty or
@@ -39,18 +40,12 @@ struct KeyValue {
 	int64_t create_revision = 0, mod_revision = 0, version = 0;
 };
 
-// What a call returns: a value, or why not. `code` is the gRPC status the gateway reported
-// (5 NotFound, 14 Unavailable, ...; 0 when the failure was not an answer of etcd: a transport
-// error, a timeout, a malformed reply; kTooLarge when the reply or a watch message was larger
-// than the caller allows).
-template <class T> struct Result {
-	std::optional<T> value;
-	std::string error;
-	int code = 0;
-	explicit operator bool() const { return value.has_value(); }
-	static Result fail(std::string why, int c = 0) { return {std::nullopt, std::move(why), c}; }
-};
-struct Ok {};
+// What a call returns: a Result (common/util/result.h) whose `code` is the gRPC status the
+// gateway reported (5 NotFound, 14 Unavailable, ...; 0 when the failure was not an answer of
+// etcd: a transport error, a timeout, a malformed reply; kTooLarge when the reply or a watch
+// message was larger than the caller allows).
+using rdmaswap::Ok;
+using rdmaswap::Result;
 constexpr int kNotFound = 5; // gRPC NOT_FOUND: e.g. "requested lease not found"
 // gRPC RESOURCE_EXHAUSTED, also set by this client (not etcd) for a reply or a watch message
 // over its bound: nothing of it was used.

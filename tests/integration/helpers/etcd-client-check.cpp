@@ -160,10 +160,9 @@ int main(int argc, char **argv)
 {
 	if (argc < 4)
 		return usage();
-	std::string why;
-	auto eps = parse_endpoints(argv[1], why);
+	auto eps = parse_endpoints(argv[1]);
 	if (!eps)
-		return fail(why);
+		return fail(eps.error);
 	const std::string mode = argv[2], prefix = argv[3];
 	Client c({*eps});
 	if (mode == "list")

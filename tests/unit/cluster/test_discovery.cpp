@@ -20,10 +20,12 @@
 #include "common/volume/reattach.h"
 #include "common/wire/protocol.h"
 #include "memserver/registry.h"
+#include "tests/support/results.h"
 #include "tests/support/state_file_helpers.h"
 
 using namespace rdmaswap;
 using namespace rdmaswap::discovery;
+using rdmaswap::test::value_or_why;
 using rdmaswap::test::strs;
 using rdmaswap::test::TempDir;
 
@@ -49,8 +51,9 @@ TEST_CASE("discovery: what the memserver registers is parsed back", "[discovery]
 	for (const char *adv : {"10.0.0.7:7471", "[fd00::7]:7000", "donor-3.example:1"}) {
 		const RegistryOptions o = registry(adv);
 		std::string why;
-		auto d = parse_donor("/rdmaswap/", registry_key(o),
-				     registry_value(o, {.slabs_free = 60, .sessions = 5}), why);
+		auto d = value_or_why(parse_donor("/rdmaswap/", registry_key(o),
+						  registry_value(o, {.slabs_free = 60, .sessions = 5})),
+				      why);
 		INFO(adv << ": " << why);
 		REQUIRE(d);
 		CHECK(d->addr.str() == adv);
@@ -66,14 +69,18 @@ TEST_CASE("discovery: what the memserver registers is parsed back", "[discovery]
 	RegistryOptions o = registry("10.0.0.7:7471");
 	o.prefix = "/other/";
 	std::string why;
-	CHECK(parse_donor("/other/", registry_key(o), registry_value(o, {.slabs_free = 1}), why));
+	CHECK(value_or_why(
+		parse_donor("/other/", registry_key(o), registry_value(o, {.slabs_free = 1})), why));
 	CHECK_FALSE(
-		parse_donor("/rdmaswap/", registry_key(o), registry_value(o, {.slabs_free = 1}), why));
+		value_or_why(parse_donor("/rdmaswap/", registry_key(o),
+					 registry_value(o, {.slabs_free = 1})),
+			     why));
 	// Unknown fields are ignored (a later memserver may publish more).
-	CHECK(parse_donor("/rdmaswap/", "/rdmaswap/donors/h:1",
-			  R"({"addr":"h:1","boot_id":"0000000000000001","transport":"rdma",)"
-			  R"("slab_size":1,"slabs_total":0,"slabs_free":0,"auth":false,"zone":"b"})",
-			  why));
+	CHECK(value_or_why(
+		parse_donor("/rdmaswap/", "/rdmaswap/donors/h:1",
+			    R"({"addr":"h:1","boot_id":"0000000000000001","transport":"rdma",)"
+			    R"("slab_size":1,"slabs_total":0,"slabs_free":0,"auth":false,"zone":"b"})"),
+		why));
 }
 
 TEST_CASE("discovery: \"sessions\" is optional, and checked when present", "[discovery]")
@@ -88,17 +95,17 @@ TEST_CASE("discovery: \"sessions\" is optional, and checked when present", "[dis
 		return j.dump();
 	};
 	std::string why;
-	auto d = parse_donor("/rdmaswap/", key, old, why);
+	auto d = value_or_why(parse_donor("/rdmaswap/", key, old), why);
 	REQUIRE(d);
 	CHECK(d->sessions == 0);
 	CHECK(why.empty());
-	d = parse_donor("/rdmaswap/", key, with(0), why);
+	d = value_or_why(parse_donor("/rdmaswap/", key, with(0)), why);
 	REQUIRE(d);
 	CHECK(d->sessions == 0);
-	d = parse_donor("/rdmaswap/", key, with(7), why);
+	d = value_or_why(parse_donor("/rdmaswap/", key, with(7)), why);
 	REQUIRE(d);
 	CHECK(d->sessions == 7);
-	d = parse_donor("/rdmaswap/", key, with(0xffffffffull), why);
+	d = value_or_why(parse_donor("/rdmaswap/", key, with(0xffffffffull)), why);
 	REQUIRE(d);
 	CHECK(d->sessions == 0xffffffffu);
 	for (const nlohmann::json &bad :
@@ -107,7 +114,7 @@ TEST_CASE("discovery: \"sessions\" is optional, and checked when present", "[dis
 		why.clear();
 		const std::string value = with(bad);
 		INFO(value);
-		CHECK_FALSE(parse_donor("/rdmaswap/", key, value, why));
+		CHECK_FALSE(value_or_why(parse_donor("/rdmaswap/", key, value), why));
 		CHECK(why.find("\"sessions\" is not an integer 0..4294967295") != std::string::npos);
 	}
 }
@@ -117,7 +124,9 @@ TEST_CASE("discovery: a malformed or incomplete entry is refused, saying why", "
 	const std::string key = "/rdmaswap/donors/h:7471";
 	auto refused = [&](const std::string &value, const std::string &k = "") {
 		std::string why;
-		const bool ok = parse_donor("/rdmaswap/", k.empty() ? key : k, value, why).has_value();
+		const bool ok =
+			value_or_why(parse_donor("/rdmaswap/", k.empty() ? key : k, value), why)
+				.has_value();
 		INFO(value << " -> " << why);
 		CHECK_FALSE(ok);
 		CHECK_FALSE(why.empty());
@@ -126,7 +135,7 @@ TEST_CASE("discovery: a malformed or incomplete entry is refused, saying why", "
 	const std::string good = R"({"addr":"h:7471","boot_id":"00000000000000ff","transport":"tcp",)"
 				 R"("slab_size":1048576,"slabs_total":8,"slabs_free":8,"auth":true})";
 	std::string why;
-	REQUIRE(parse_donor("/rdmaswap/", key, good, why));
+	REQUIRE(value_or_why(parse_donor("/rdmaswap/", key, good), why));
 	// Each field missing in turn.
 	for (const char *f : {"addr", "boot_id", "transport", "slab_size", "slabs_total",
 			      "slabs_free", "auth"}) {
@@ -180,12 +189,12 @@ TEST_CASE("discovery: the cache text round trips and is checked", "[discovery]")
 	const std::vector<Endpoint> donors{{"10.0.0.1", 7471}, {"fd00::2", 7000}};
 	const std::string text = cache_text("/rdmaswap/", donors);
 	std::string why;
-	auto back = parse_cache(text, "/rdmaswap/", why);
+	auto back = value_or_why(parse_cache(text, "/rdmaswap/"), why);
 	REQUIRE(back);
 	CHECK(strs(*back) == std::vector<std::string>{"10.0.0.1:7471", "[fd00::2]:7000"});
-	CHECK(parse_cache(cache_text("/rdmaswap/", {}), "/rdmaswap/", why)->empty());
+	CHECK(value_or_why(parse_cache(cache_text("/rdmaswap/", {}), "/rdmaswap/"), why)->empty());
 	// Written for another etcd-prefix: refused (those are another cluster's donors).
-	CHECK_FALSE(parse_cache(text, "/other/", why));
+	CHECK_FALSE(value_or_why(parse_cache(text, "/other/"), why));
 	CHECK(why.find("/other/") != std::string::npos);
 	for (const char *bad :
 	     {"", "[]", R"({"version":2,"prefix":"/rdmaswap/","donors":[]})",
@@ -195,7 +204,7 @@ TEST_CASE("discovery: the cache text round trips and is checked", "[discovery]")
 	      R"({"version":1,"prefix":"/rdmaswap/","donors":[7471]})",
 	      R"({"version":1,"prefix":"/rdmaswap/","donors":"h:1"})"}) {
 		INFO(bad);
-		CHECK_FALSE(parse_cache(bad, "/rdmaswap/", why));
+		CHECK_FALSE(value_or_why(parse_cache(bad, "/rdmaswap/"), why));
 	}
 }
 
@@ -270,7 +279,7 @@ TEST_CASE("discovery: listing fails within its bound when etcd is down", "[disco
 	o.timeout = std::chrono::milliseconds(1500);
 	std::string why;
 	const auto t0 = std::chrono::steady_clock::now();
-	CHECK_FALSE(list_donors(o, why));
+	CHECK_FALSE(value_or_why(list_donors(o), why));
 	CHECK(why.find("127.0.0.1:1") != std::string::npos);
 	CHECK(std::chrono::steady_clock::now() - t0 < std::chrono::seconds(3));
 }
@@ -285,34 +294,34 @@ TEST_CASE("discovery: with etcd down, the cache, else server=, else an error", "
 	o.cache_path = dir.path / "vol.donors";
 	std::string why;
 	// Neither a cache nor server=: nothing to use, and the message says why.
-	CHECK_FALSE(discover(o, why));
+	CHECK_FALSE(value_or_why(discover(o), why));
 	CHECK(why.find("etcd is not reachable") != std::string::npos);
 	CHECK(why.find(o.cache_path + ": there is none") != std::string::npos);
 	CHECK(why.find("no memserver to use") != std::string::npos);
 	// server= alone.
 	o.servers = {{"s", 1}};
-	auto d = discover(o, why);
+	auto d = value_or_why(discover(o), why);
 	REQUIRE(d);
 	CHECK(d->source == Discovered::Source::ServersOnly);
 	CHECK(strs(d->servers) == std::vector<std::string>{"s:1"});
 	// A cache: its donors, after server= (one of them named by server= already).
 	write_cache(o.cache_path, "/p/", std::vector<Endpoint>{{"s", 1}, {"d", 2}});
-	d = discover(o, why);
+	d = value_or_why(discover(o), why);
 	REQUIRE(d);
 	CHECK(d->source == Discovered::Source::Cache);
 	CHECK(strs(d->donors) == std::vector<std::string>{"s:1", "d:2"});
 	CHECK(strs(d->servers) == std::vector<std::string>{"s:1", "d:2"});
 	o.servers.clear();
-	d = discover(o, why);
+	d = value_or_why(discover(o), why);
 	REQUIRE(d);
 	CHECK(strs(d->servers) == std::vector<std::string>{"s:1", "d:2"});
 	// A cache of another prefix is not used: an error naming it.
 	o.list.prefix = "/q/";
-	CHECK_FALSE(discover(o, why));
+	CHECK_FALSE(value_or_why(discover(o), why));
 	CHECK(why.find("/q/") != std::string::npos);
 	// Nor is a damaged one.
 	o.list.prefix = "/p/";
 	std::ofstream(o.cache_path) << "{";
-	CHECK_FALSE(discover(o, why));
+	CHECK_FALSE(value_or_why(discover(o), why));
 	CHECK(why.find(o.cache_path) != std::string::npos);
 }

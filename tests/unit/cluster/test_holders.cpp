@@ -18,10 +18,12 @@
 #include <string>
 
 #include "common/cluster/holders.h"
+#include "tests/support/results.h"
 #include "tests/support/state_file_helpers.h"
 
 using namespace rdmaswap;
 using namespace rdmaswap::holders;
+using rdmaswap::test::value_or_why;
 using rdmaswap::test::strs;
 using rdmaswap::test::TempDir;
 
@@ -53,19 +55,20 @@ TEST_CASE("holders: the record text round trips, sorted and without duplicates",
 		      R"("version":1,"volume":"vol-1"})"
 		      "\n");
 	std::string why;
-	auto back = parse_record(text, "vol-1", why);
+	auto back = value_or_why(parse_record(text, "vol-1"), why);
 	REQUIRE(back);
 	CHECK(strs(*back) ==
 	      std::vector<std::string>{"10.0.0.1:7471", "10.0.0.2:7471", "[fd00::2]:7000"});
 	CHECK(record_text("vol-1", *back) == text);
 	// A volume that holds nothing.
-	back = parse_record(record_text("vol-1", {}), "vol-1", why);
+	back = value_or_why(parse_record(record_text("vol-1", {}), "vol-1"), why);
 	REQUIRE(back);
 	CHECK(back->empty());
 	// Written by another hand: unsorted, a duplicate, an unknown field: accepted, made
 	// canonical.
-	back = parse_record(R"({"version":1,"volume":"v","donors":["b:2","a:1","b:2"],"x":true})",
-			    "v", why);
+	back = value_or_why(
+		parse_record(R"({"version":1,"volume":"v","donors":["b:2","a:1","b:2"],"x":true})", "v"),
+		why);
 	REQUIRE(back);
 	CHECK(strs(*back) == std::vector<std::string>{"a:1", "b:2"});
 }
@@ -77,7 +80,7 @@ TEST_CASE("holders: parse_record refuses what is not the volume's record, saying
 	const auto refused = [&](std::string_view text, std::string_view expect) {
 		INFO(text);
 		why.clear();
-		CHECK_FALSE(parse_record(text, "v", why));
+		CHECK_FALSE(value_or_why(parse_record(text, "v"), why));
 		CHECK_THAT(why, Catch::Contains(std::string(expect)));
 	};
 	refused("", "not a JSON object");
@@ -162,25 +165,25 @@ TEST_CASE("holders: unreachable times round trip; a record without them is the o
 	CHECK(record_text("v", donors, Unreachable{{"z:9", 5}}) == record_text("v", donors));
 	std::string why;
 	Unreachable got{{"stale:1", 1}};
-	auto back = parse_record(text, "v", why, &got);
+	auto back = value_or_why(parse_record(text, "v", &got), why);
 	REQUIRE(back);
 	CHECK(strs(*back) == std::vector<std::string>{"a:1", "b:2", "c:3"});
 	CHECK(got == Unreachable{{"a:1", 1700000000}});
 	// The old format (no field): no times (a start takes them as "since now"); cleared.
-	back = parse_record(record_text("v", donors), "v", why, &got);
+	back = value_or_why(parse_record(record_text("v", donors), "v", &got), why);
 	REQUIRE(back);
 	CHECK(got.empty());
 	// Written by another hand: a time of a donor not listed is dropped.
-	back = parse_record(R"({"version":1,"volume":"v","donors":["a:1"],)"
+	back = value_or_why(parse_record(R"({"version":1,"volume":"v","donors":["a:1"],)"
 			    R"("unreachable_since":{"a:1":7,"b:2":8}})",
-			    "v", why, &got);
+			    "v", &got), why);
 	REQUIRE(back);
 	CHECK(got == Unreachable{{"a:1", 7}});
 	// Refused: not an object, a time that is not a non-negative integer.
 	const auto refused = [&](std::string_view t, std::string_view expect) {
 		INFO(t);
 		why.clear();
-		CHECK_FALSE(parse_record(t, "v", why, &got));
+		CHECK_FALSE(value_or_why(parse_record(t, "v", &got), why));
 		CHECK_THAT(why, Catch::Contains(std::string(expect)));
 	};
 	refused(R"({"version":1,"volume":"v","donors":["a:1"],"unreachable_since":[]})",

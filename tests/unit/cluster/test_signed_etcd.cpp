@@ -21,9 +21,10 @@
 #include "common/cluster/membership.h"
 #include "common/wire/donor_cert.h"
 #include "common/wire/volume_key.h"
+#include "memserver/registry.h"
 #include "tests/support/fake_transport.h"
 #include "tests/support/key_helpers.h"
-#include "memserver/registry.h"
+#include "tests/support/results.h"
 #include "tests/support/volume_helpers.h"
 
 using namespace rdmaswap;
@@ -260,7 +261,7 @@ TEST_CASE("signed holders record: only this volume's key for this key", "[holder
 	CHECK(holders::verify_signed(key, text, vk.public_key(), why));
 	// The local file's reader reads a signed text too.
 	holders::Unreachable u;
-	auto parsed = holders::parse_record(text, "vol-a", why, &u);
+	auto parsed = value_or_why(holders::parse_record(text, "vol-a", &u), why);
 	REQUIRE(parsed);
 	CHECK(parsed->size() == 2);
 	CHECK(u == unreachable);

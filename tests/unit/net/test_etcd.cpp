@@ -42,21 +42,19 @@ TEST_CASE("etcd: base64_decode refuses what is not padded base64", "[etcd]")
 
 TEST_CASE("etcd: parse_endpoints", "[etcd]")
 {
-	std::string why;
-	auto eps = parse_endpoints("http://127.0.0.1:2379, http://127.0.0.1:22379/,https://[::1]:2379",
-				   why);
+	auto eps = parse_endpoints("http://127.0.0.1:2379, http://127.0.0.1:22379/,https://[::1]:2379");
 	REQUIRE(eps);
 	CHECK(*eps == std::vector<std::string>{"http://127.0.0.1:2379", "http://127.0.0.1:22379",
 					       "https://[::1]:2379"});
-	auto one = parse_endpoints("http://etcd-1.example:2379", why);
+	auto one = parse_endpoints("http://etcd-1.example:2379");
 	REQUIRE(one);
 	CHECK(one->size() == 1);
 	for (const char *bad : {"", ",", "http://a:1,", "127.0.0.1:2379", "ftp://a:1", "http://a",
 				"http://a:0", "http://a:65536", "http://:2379", "http://a:2379/v3",
 				"http://u@a:1", "http://::1:2379", "http://a:1x"}) {
-		why.clear();
-		CHECK_FALSE(parse_endpoints(bad, why));
-		CHECK_FALSE(why.empty());
+		const auto r = parse_endpoints(bad);
+		CHECK_FALSE(r);
+		CHECK_FALSE(r.error.empty());
 	}
 }
 
