@@ -59,9 +59,9 @@ rc=0
 [[ $rc == 2 ]] || fail "missing config: exit $rc, expected 2"
 
 # The exact commands. rdmaswap-nbd's options are those the VM test reconnect-T proves on the
-# kernel (tests/vm/guest-init.sh): connect --socket --device --connections --block-size 4096
-# --dead-conn-timeout --timeout; reconnect --socket --device --connections --statusfile;
-# disconnect --device.
+# kernel (tests/vm/guest/scenarios/reconnect.sh): connect --socket --device --connections
+# --block-size 4096 --dead-conn-timeout --timeout; reconnect --socket --device --connections
+# --statusfile; disconnect --device.
 write_conf "REPLICAS=1"
 "$compute" -c "$conf" check >"$tmpdir/check.txt" || fail "check failed on a valid config"
 cat >"$tmpdir/want.txt" <<WANT

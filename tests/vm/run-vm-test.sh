@@ -2,7 +2,8 @@
 # SPDX-License-Identifier: MIT
 # Boot the Debian kernel in a qemu TCG VM with a generated busybox initramfs and test swap over NBD:
 # nbd-client -swap -> nbdkit (rdmaswap plugin, or the memory plugin as baseline) -> memserver over
-# TCP or Soft-RoCE, all inside the one VM.  The guest side is guest-init.sh (copied in as /init).
+# TCP or Soft-RoCE, all inside the one VM.  The guest side is guest-init.sh (copied in as /init),
+# which sources guest/lib.sh, guest/boot.sh and guest/scenarios/*.sh (copied in as /guest).
 #
 # Exit: 0 pass, 1 fail (guest FAIL line, time-out, kernel warning, missing binary), 77 skip (no qemu
 # or no Debian kernel with modules).  See tests/vm/README.md.
@@ -350,6 +351,8 @@ fi
 SCRIPT_DIR=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 GUEST_INIT=$SCRIPT_DIR/guest-init.sh
 [ -r "$GUEST_INIT" ] || die "missing $GUEST_INIT"
+GUEST_DIR=$SCRIPT_DIR/guest   # the harness and the scenarios /init sources (copied in as /guest)
+[ -r "$GUEST_DIR/lib.sh" ] && [ -r "$GUEST_DIR/boot.sh" ] || die "missing $GUEST_DIR/lib.sh or boot.sh"
 
 # ----- skip conditions: qemu and a Debian kernel with its modules ------------------------------
 QEMU=$(command -v qemu-system-x86_64 || true)
@@ -750,6 +753,9 @@ EOF
 printf 'root:x:0:0:root:/root:/bin/sh\n' > "$ROOT/etc/passwd"
 printf 'root:x:0:\n' > "$ROOT/etc/group"
 install -m 0755 "$GUEST_INIT" "$ROOT/init"
+mkdir -p "$ROOT/guest/scenarios"
+install -m 0644 "$GUEST_DIR"/*.sh "$ROOT/guest/"
+install -m 0644 "$GUEST_DIR"/scenarios/*.sh "$ROOT/guest/scenarios/"
 # The cluster key (one initramfs, so both VMs of twohost share it), mode 0600 as demanded.
 mkdir -p "$ROOT/etc/rdmaswap"
 (umask 077 && head -c 32 /dev/urandom | od -An -tx1 | tr -d ' \n' >"$ROOT/etc/rdmaswap/auth.key")
