@@ -328,7 +328,7 @@ long request_body_size(Op op);
 // The exact body length a successful response to `op` has (READ: without payload).
 long reply_body_size(Op op);
 
-// ---- The codec, from each message's field list ----
+// ---- The codec, from each message's members ----
 namespace detail {
 template <class T>
 concept WireInt = std::is_integral_v<T> || std::is_enum_v<T>;
@@ -373,7 +373,7 @@ concept WireMessage = std::is_aggregate_v<M> && requires {
 };
 
 namespace detail {
-// Call `f` with each member of `m` in order (a structured binding of M::kFields names).
+// Call `visit` with each member of `m` in order (a structured binding of M::kFields names).
 template <class M, class V> constexpr void for_each_field(M &m, V &&visit)
 {
 	constexpr int n = std::remove_const_t<M>::kFields;
@@ -459,7 +459,7 @@ template <WireMessage M> Status decode(std::span<const std::byte> in, M &m)
 	return {};
 }
 
-// The body sizes, derived from the field lists; the asserts pin the wire format.
+// The body sizes, derived from the members; the asserts pin the wire format.
 inline constexpr size_t kAuthRequestSize = wire_size<AuthRequest>();
 inline constexpr size_t kAuthReplySize = wire_size<AuthReply>();
 inline constexpr size_t kAuthProofRequestSize = wire_size<AuthProofRequest>();
