@@ -334,18 +334,18 @@ int run(int argc, char **argv)
 	// particular RDMA registration of a slab at ALLOC (ibv_reg_mr) allocates kernel memory
 	// while a page-out waits for that ALLOC.
 	if (opts.lock_memory) {
-		if (auto why = set_io_flusher(); !why.empty())
+		if (auto r = set_io_flusher(); !r)
 			log->warn("{} (needs CAP_SYS_RESOURCE): a page-out on this host that waits "
-				  "for this memserver may deadlock under memory pressure", why);
-		if (auto why = lock_memory_onfault(); !why.empty())
-			log->warn("{}: the memserver's own pages may be swapped out", why);
+				  "for this memserver may deadlock under memory pressure", r.error);
+		if (auto r = lock_memory_onfault(); !r)
+			log->warn("{}: the memserver's own pages may be swapped out", r.error);
 	}
 	// On a host that swaps into this memserver, its socket buffers and its memory-region
 	// registrations must not wait on reclaim either: real-time threads may allocate below
 	// the min watermark. Before any thread starts, so all inherit it.
 	if (realtime) {
-		if (auto why = set_realtime(1); !why.empty()) {
-			log->error("--realtime: {} (needs CAP_SYS_NICE)", why);
+		if (auto r = set_realtime(1); !r) {
+			log->error("--realtime: {} (needs CAP_SYS_NICE)", r.error);
 			return 1;
 		}
 	}

@@ -117,26 +117,26 @@ static std::optional<std::vector<Endpoint>> read_holders()
 }
 
 // Store the holders record (with g_unreachable's times of its donors): the file, then etcd's
-// copy (best effort: the file decides). "" or why the file could not be written. Caller holds
-// g_holders_mu.
-static std::string store_holders(const std::vector<Endpoint> &donors)
+// copy (best effort: the file decides). Fails, saying why, if the file could not be written.
+// Caller holds g_holders_mu.
+static Result<Ok> store_holders(const std::vector<Endpoint> &donors)
 {
 	try {
 		holders::write_file(g_cfg.holders_file, g_cfg.volume, donors, g_unreachable);
 	} catch (const std::exception &e) {
-		return e.what();
+		return Result<Ok>::fail(e.what());
 	}
 	g_recorded = donors;
 	if (!g_cfg.etcd.empty())
-		if (const std::string why = holders::put_etcd(etcd_list_options(), g_cfg.volume,
-							       donors, g_unreachable,
-							       g_cfg.volume_key.get());
-		    !why.empty())
-			logger("membership")->debug("etcd: the holders record not stored: {}", why);
-	return "";
+		if (const auto put = holders::put_etcd(etcd_list_options(), g_cfg.volume, donors,
+						       g_unreachable, g_cfg.volume_key.get());
+		    !put)
+			logger("membership")->debug("etcd: the holders record not stored: {}",
+						    put.error);
+	return Result<Ok>::of({});
 }
 
-static std::string write_holders(const std::vector<Endpoint> &donors)
+static Result<Ok> write_holders(const std::vector<Endpoint> &donors)
 {
 	std::lock_guard lock(g_holders_mu);
 	return store_holders(donors);
@@ -156,10 +156,10 @@ static void holder_reached(const Endpoint &ep)
 		return;
 	const auto since = *it;
 	g_unreachable.erase(it);
-	if (std::string why = store_holders(g_recorded); !why.empty()) {
+	if (const auto stored = store_holders(g_recorded); !stored) {
 		g_unreachable.insert(since);
 		throw std::runtime_error("cannot record that " + ep.str() + " is reachable again: " +
-					 why);
+					 stored.error);
 	}
 }
 
@@ -194,23 +194,18 @@ static int discover_donors()
 // A probe of memserver `ep` (probe.h): an authenticated STATS on a connection of its own, done
 // by `deadline`. Its counts, or nullopt with `why` set. Throws std::runtime_error when the
 // name does not resolve (a failure to probe_all).
-static std::optional<DonorLoad> probe_donor(const Endpoint &ep, ProbeClock::time_point deadline,
-					    std::string &why)
+static Result<DonorLoad> probe_donor(const Endpoint &ep, ProbeClock::time_point deadline)
 {
 	const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
 		deadline - ProbeClock::now());
-	if (left.count() <= 0) {
-		why = "no time left";
-		return std::nullopt;
-	}
+	if (left.count() <= 0)
+		return Result<DonorLoad>::fail("no time left");
 	ControlClient cc(resolve(ep), left, g_cfg.auth_key);
 	proto::StatsReply st;
-	if (const int err = cc.stats(st)) {
-		why = connect_error_text(err);
-		return std::nullopt;
-	}
-	return DonorLoad{st.slabs_total - std::min(st.slabs_free, st.slabs_total), st.slabs_total,
-			 true, st.sessions};
+	if (const int err = cc.stats(st))
+		return Result<DonorLoad>::fail(connect_error_text(err));
+	return Result<DonorLoad>::of(DonorLoad{st.slabs_total - std::min(st.slabs_free, st.slabs_total),
+					       st.slabs_total, true, st.sessions});
 }
 
 // Before nbdkit forks: find the donors in etcd (etcd=), then check which memservers answer,
@@ -364,18 +359,18 @@ static int start_serving()
 	// A swap device's server must not wait on memory reclaim that waits on it
 	// (PR_SET_IO_FLUSHER, Linux >= 5.6, needs CAP_SYS_RESOURCE). Inherited by the worker
 	// threads nbdkit starts after this.
-	if (const auto why = set_io_flusher(); !why.empty())
-		nbdkit_debug("rdmaswap: %s", why.c_str());
+	if (const auto r = set_io_flusher(); !r)
+		nbdkit_debug("rdmaswap: %s", r.error.c_str());
 	// Real-time threads may take pages from the reserve below the min watermark: when the
 	// whole host is short of memory, a reply to the kernel (a socket buffer) must not wait on
 	// the reclaim that waits on that reply. Inherited by the threads nbdkit starts after this.
 	if (g_cfg.realtime) {
-		if (const auto why = set_realtime(int(g_cfg.realtime)); !why.empty()) {
+		if (const auto r = set_realtime(int(g_cfg.realtime)); !r) {
 			if (g_cfg.realtime_set)
 				warn("realtime=%u: %s (needs CAP_SYS_NICE)", g_cfg.realtime,
-				     why.c_str());
+				     r.error.c_str());
 			else
-				nbdkit_debug("rdmaswap: %s (needs CAP_SYS_NICE)", why.c_str());
+				nbdkit_debug("rdmaswap: %s (needs CAP_SYS_NICE)", r.error.c_str());
 		}
 	}
 	// Spin briefly before sleeping in data path waits only where a core is spare: decided
@@ -392,11 +387,17 @@ static int start_serving()
 		g_chosen = g_cfg.transport;
 		if (g_chosen == TransportKind::Auto) {
 			std::string why = "no RDMA device";
+			auto reach = [&why](const Endpoint &ep) {
+				auto r = rdma::can_reach(ep, g_cfg.timeout);
+				if (!r)
+					why = std::move(r.error);
+				return bool(r);
+			};
 			bool ok = rdma::devices_present();
 			for (const auto &ep : g_reachable)
-				ok = ok && rdma::can_reach(ep, g_cfg.timeout, why);
+				ok = ok && reach(ep);
 			if (g_reachable.empty()) // none probed (etcd's donors only): the first of them
-				ok = ok && rdma::can_reach(g_candidates[0].ep, g_cfg.timeout, why);
+				ok = ok && reach(g_candidates[0].ep);
 			g_chosen = ok ? TransportKind::Rdma : TransportKind::Tcp;
 			nbdkit_debug("rdmaswap: transport=auto chose %s%s%s", transport_name(g_chosen),
 				     ok ? "" : ": ", ok ? "" : why.c_str());
@@ -417,10 +418,10 @@ static int start_serving()
 		bound_holders(plan);
 		// The record before any slab or floor can go anywhere new.
 		if (g_recording)
-			if (const std::string why = write_holders(plan.record); !why.empty()) {
+			if (const auto stored = write_holders(plan.record); !stored) {
 				nbdkit_error("rdmaswap: %s (a restart would not know where the volume's "
 					     "slabs are)",
-					     why.c_str());
+					     stored.error.c_str());
 				return -1;
 			}
 		VolumeOptions vo;

@@ -294,20 +294,19 @@ Result<std::vector<Endpoint>> parse_cache(std::string_view text, std::string_vie
 
 void write_donor_file(const std::string &path, std::string_view what, std::string_view text)
 {
-	if (std::string err = replace_private_file(path, text); !err.empty())
-		throw std::runtime_error(
-			fmt::format("cannot write the {} {}: {}", what, path, err));
+	if (auto w = replace_private_file(path, text); !w)
+		throw std::runtime_error(fmt::format("cannot write the {} {}: {}", what, path, w.error));
 }
 
 std::optional<std::vector<Endpoint>> read_donor_file(const std::string &path, std::string_view what,
 						     const DocumentParser &parse)
 {
-	std::optional<std::string> text;
-	if (std::string why = read_small_file(path, kMaxStateFile, text); !why.empty())
-		throw std::runtime_error(fmt::format("{} {}: {}", what, path, why));
+	const auto text = read_small_file(path, kMaxStateFile);
 	if (!text)
+		throw std::runtime_error(fmt::format("{} {}: {}", what, path, text.error));
+	if (!*text)
 		return std::nullopt;
-	auto donors = parse(*text);
+	auto donors = parse(**text);
 	if (!donors)
 		throw std::runtime_error(fmt::format("{} {}: {}", what, path, donors.error));
 	return std::move(donors.value);

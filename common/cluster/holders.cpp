@@ -163,46 +163,37 @@ std::string signed_text(std::string_view key, std::string_view volume,
 	return o.dump() + "\n";
 }
 
-bool verify_signed(std::string_view key, std::string_view text, const VolumePubKey &pub,
-		   std::string &why)
+Result<Ok> verify_signed(std::string_view key, std::string_view text, const VolumePubKey &pub)
 {
+	using R = Result<Ok>;
 	nlohmann::json o = nlohmann::json::parse(text, nullptr, false);
-	if (o.is_discarded() || !o.is_object()) {
-		why = "not a JSON object";
-		return false;
-	}
+	if (o.is_discarded() || !o.is_object())
+		return R::fail("not a JSON object");
 	const auto it = o.find("sig");
-	if (it == o.end()) {
-		why = "not signed (a plugin before issue 26 wrote it, or someone else did)";
-		return false;
-	}
+	if (it == o.end())
+		return R::fail("not signed (a plugin before issue 26 wrote it, or someone else did)");
 	std::optional<std::string> sig;
 	if (it->is_string())
 		sig = base64_decode(it->get<std::string>());
 	VolumeProof proof{};
-	if (!sig || sig->size() != proof.size()) {
-		why = "\"sig\" is not a base64 Ed25519 signature";
-		return false;
-	}
+	if (!sig || sig->size() != proof.size())
+		return R::fail("\"sig\" is not a base64 Ed25519 signature");
 	std::memcpy(proof.data(), sig->data(), proof.size());
 	o.erase(it);
 	std::string unsigned_text;
 	try {
 		unsigned_text = o.dump();
 	} catch (const nlohmann::json::exception &) { // (invalid UTF-8)
-		why = "does not re-encode";
-		return false;
+		return R::fail("does not re-encode");
 	}
-	if (!verify_volume_proof(pub, signed_message(key, unsigned_text), proof)) {
-		why = "not signed by this volume's key (changed, copied, or another volume's)";
-		return false;
-	}
-	return true;
+	if (!verify_volume_proof(pub, signed_message(key, unsigned_text), proof))
+		return R::fail("not signed by this volume's key (changed, copied, or another volume's)");
+	return R::of({});
 }
 
-std::string put_etcd(const discovery::ListOptions &opts, std::string_view volume,
-		     std::span<const Endpoint> donors, const Unreachable &unreachable,
-		     const VolumeKey *volume_key)
+Result<Ok> put_etcd(const discovery::ListOptions &opts, std::string_view volume,
+		    std::span<const Endpoint> donors, const Unreachable &unreachable,
+		    const VolumeKey *volume_key)
 {
 	const auto deadline = std::chrono::steady_clock::now() + opts.timeout;
 	try {
@@ -213,11 +204,11 @@ std::string put_etcd(const discovery::ListOptions &opts, std::string_view volume
 							     *volume_key)
 					       : record_text(volume, donors, unreachable),
 				    0, deadline);
-		return r ? "" : r.error;
+		return r ? Result<Ok>::of({}) : Result<Ok>::fail(std::move(r.error));
 	} catch (const std::bad_alloc &) {
 		throw;
 	} catch (const std::exception &e) {
-		return e.what();
+		return Result<Ok>::fail(e.what());
 	}
 }
 
@@ -234,9 +225,11 @@ EtcdRecord get_etcd(const discovery::ListOptions &opts, std::string_view volume,
 			out.why = r.error;
 		} else if (r.value->empty()) {
 			out.status = EtcdRecord::Status::Absent;
-		} else if (pub && !verify_signed(key, r.value->front().value, *pub, out.why)) {
+		} else if (auto sig = pub ? verify_signed(key, r.value->front().value, *pub)
+					  : Result<Ok>::of({});
+			   !sig) {
 			out.status = EtcdRecord::Status::Ignored;
-			out.why = fmt::format("etcd key {}: {}", key, out.why);
+			out.why = fmt::format("etcd key {}: {}", key, sig.error);
 		} else if (auto donors = parse_record(r.value->front().value, volume,
 						      &out.unreachable)) {
 			out.status = EtcdRecord::Status::Found;

@@ -114,20 +114,18 @@ std::vector<std::byte> signed_message(std::string_view key, std::string_view tex
 std::string signed_text(std::string_view key, std::string_view volume,
 			std::span<const Endpoint> donors, const Unreachable &unreachable,
 			const VolumeKey &volume_key);
-// True if `text` carries a valid "sig" for `key` under `pub`; else false with `why` set
+// Whether `text` carries a valid "sig" for `key` under `pub`; if not, the failure says why
 // (unsigned, or not signed by this key for this key and content). Never throws but
 // std::bad_alloc.
-bool verify_signed(std::string_view key, std::string_view text, const VolumePubKey &pub,
-		   std::string &why);
+Result<Ok> verify_signed(std::string_view key, std::string_view text, const VolumePubKey &pub);
 
 // Put the record at etcd_key(opts.prefix, volume), no lease, signed by `volume_key`
-// (signed_text; null: unsigned, for tests only). Returns "" when etcd stored it, otherwise why
-// not (no endpoint answered within opts.timeout, or etcd answered an error). Bounded by
-// opts.timeout overall (each attempt as discovery::client_options says). Never throws but
-// std::bad_alloc.
-std::string put_etcd(const discovery::ListOptions &opts, std::string_view volume,
-		     std::span<const Endpoint> donors, const Unreachable &unreachable = {},
-		     const VolumeKey *volume_key = nullptr);
+// (signed_text; null: unsigned, for tests only). Fails, saying why, unless etcd stored it (no
+// endpoint answered within opts.timeout, or etcd answered an error). Bounded by opts.timeout
+// overall (each attempt as discovery::client_options says). Never throws but std::bad_alloc.
+Result<Ok> put_etcd(const discovery::ListOptions &opts, std::string_view volume,
+		    std::span<const Endpoint> donors, const Unreachable &unreachable = {},
+		    const VolumeKey *volume_key = nullptr);
 
 // What get_etcd found.
 struct EtcdRecord {

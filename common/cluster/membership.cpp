@@ -441,9 +441,10 @@ unsigned Membership::step()
 	// Written with no lock the data path may take (wake() takes mu_): a file with fsync, and
 	// etcd's copy, each bounded by the timeout. recorded_ changes only here (step_mu_).
 	if (!record_eps.empty()) {
-		const std::string why = opts_.record(record_eps);
+		const auto stored = opts_.record(record_eps);
+		const std::string &why = stored.error;
 		std::lock_guard lock(mu_);
-		if (!why.empty()) {
+		if (!stored) {
 			log->warn("cannot record the volume's holders ({}): {} donor(s) not connected "
 				  "now, retried",
 				  why, to_connect.size());
@@ -536,10 +537,10 @@ void Membership::unrecord(std::span<const std::string> gone)
 	recorded_without(gone, names, eps);
 	// (Never reached: it holds nothing of the volume. If this fails, the record names it
 	// until a later write: a start counts it as missing then, never loses data by it.)
-	if (const std::string why = opts_.record(eps); !why.empty()) {
+	if (const auto stored = opts_.record(eps); !stored) {
 		logger("membership")->debug("cannot take {} unreachable donor(s) out of the holders "
 					    "record: {}",
-					    gone.size(), why);
+					    gone.size(), stored.error);
 		return;
 	}
 	std::lock_guard lock(mu_);
@@ -580,10 +581,10 @@ void Membership::close_idle(std::span<const size_t> to_close)
 	recorded_without(closed, names, eps);
 	if (names == recorded_)
 		return;
-	if (const std::string why = opts_.record(eps); !why.empty()) {
+	if (const auto stored = opts_.record(eps); !stored) {
 		logger("membership")->warn("cannot record the volume's holders without the {} idle "
 					   "donor(s) disconnected ({}); the record still names them",
-					   closed.size(), why);
+					   closed.size(), stored.error);
 		return;
 	}
 	std::lock_guard lock(mu_);

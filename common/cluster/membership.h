@@ -125,9 +125,9 @@ public:
 		// disconnected (0: never).
 		std::chrono::milliseconds idle{0};
 		// Store the holders record (every donor named, sorted by name) before the donors
-		// new in it are connected. Returns "" or why it could not (then they are not
+		// new in it are connected. Fails, saying why, if it could not (then they are not
 		// connected now, but retried). Empty: no record is kept.
-		std::function<std::string(const std::vector<Endpoint> &)> record;
+		std::function<Result<Ok>(const std::vector<Endpoint> &)> record;
 		// The record as the plugin stored it at start (the donors connected at start and
 		// those that may still hold slabs).
 		std::vector<Endpoint> recorded;

@@ -45,13 +45,12 @@ struct Batch {
 							       : deadline;
 			ProbeOutcome o;
 			try {
-				std::string why;
-				if (auto load = (*probe)(t.ep, until, why)) {
+				if (auto load = (*probe)(t.ep, until)) {
 					o.state = ProbeOutcome::State::Ok;
 					o.load = *load;
 				} else {
 					o.state = ProbeOutcome::State::Failed;
-					o.why = why.empty() ? "no answer" : why;
+					o.why = load.error.empty() ? "no answer" : std::move(load.error);
 				}
 			} catch (const std::exception &e) {
 				o.state = ProbeOutcome::State::Failed;

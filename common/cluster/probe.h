@@ -14,18 +14,18 @@
 #include <vector>
 
 #include "common/util/config.h"
+#include "common/util/result.h"
 #include "common/volume/placement.h"
 
 namespace rdmaswap {
 
 using ProbeClock = std::chrono::steady_clock;
 
-// One probe: the donor's load (its own counts) or nullopt with `why` set. Must end by
+// One probe: the donor's load (its own counts), or a failure saying why. Must end by
 // `deadline` (it may run on any of the workers, several at once: thread-safe). An exception
 // counts as a failure (its what() is the why).
-using ProbeFn = std::function<std::optional<DonorLoad>(const Endpoint &ep,
-						       ProbeClock::time_point deadline,
-						       std::string &why)>;
+using ProbeFn =
+	std::function<Result<DonorLoad>(const Endpoint &ep, ProbeClock::time_point deadline)>;
 
 struct ProbeTarget {
 	Endpoint ep;

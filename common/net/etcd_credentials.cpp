@@ -20,6 +20,7 @@
 #include <openssl/x509.h>
 
 #include "common/util/err_text.h"
+#include "common/util/fd.h"
 #include "common/util/private_file.h"
 
 namespace rdmaswap::etcd {
@@ -47,10 +48,7 @@ std::string read_credential_file(const char *what, const std::string &path, bool
 							"for a secret: name the file itself");
 		throw std::runtime_error(name + ": " + err_text(e));
 	}
-	struct Closer {
-		int fd;
-		~Closer() { ::close(fd); }
-	} closer{fd};
+	const Fd closer(fd);
 	struct stat st {};
 	if (::fstat(fd, &st) != 0)
 		throw std::runtime_error(name + ": " + err_text(errno));

@@ -16,6 +16,7 @@
 #include <fmt/format.h>
 
 #include "common/util/err_text.h"
+#include "common/util/fd.h"
 
 namespace rdmaswap {
 
@@ -26,20 +27,14 @@ std::string errno_text(const char *what)
 	return std::string(what) + ": " + err_text(errno);
 }
 
-// Closes a descriptor at the end of a scope.
-struct FdCloser {
-	int fd;
-	~FdCloser() { ::close(fd); }
-};
-
 } // namespace
 
-std::string write_private_file(const std::string &path, std::string_view bytes)
+Result<Ok> write_private_file(const std::string &path, std::string_view bytes)
 {
 	const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW,
 			      0600);
 	if (fd < 0)
-		return "open " + path + ": " + err_text(errno);
+		return Result<Ok>::fail("open " + path + ": " + err_text(errno));
 	std::string err;
 	if (::fchmod(fd, 0600) != 0) // exactly 0600, whatever the umask
 		err = errno_text("fchmod");
@@ -56,21 +51,23 @@ std::string write_private_file(const std::string &path, std::string_view bytes)
 		err = errno_text("fsync");
 	if (::close(fd) != 0 && err.empty())
 		err = errno_text("close");
-	if (!err.empty())
-		::unlink(path.c_str());
-	return err;
+	if (err.empty())
+		return Result<Ok>::of({});
+	::unlink(path.c_str());
+	return Result<Ok>::fail(std::move(err));
 }
 
-std::string replace_private_file(const std::string &path, std::string_view bytes)
+Result<Ok> replace_private_file(const std::string &path, std::string_view bytes)
 {
+	using R = Result<Ok>;
 	std::random_device rd;
 	const std::string tmp = fmt::format("{}.tmp-{}-{:08x}", path, ::getpid(), rd());
-	if (std::string err = write_private_file(tmp, bytes); !err.empty())
-		return err;
+	if (auto w = write_private_file(tmp, bytes); !w)
+		return w;
 	if (::rename(tmp.c_str(), path.c_str()) != 0) {
 		std::string err = errno_text("rename");
 		::unlink(tmp.c_str());
-		return err;
+		return R::fail(std::move(err));
 	}
 	// The rename is an entry of the directory: durable only once the directory is synced.
 	const size_t slash = path.rfind('/');
@@ -78,37 +75,35 @@ std::string replace_private_file(const std::string &path, std::string_view bytes
 									    : path.substr(0, slash);
 	const int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
 	if (fd < 0)
-		return "open " + dir + ": " + err_text(errno);
-	FdCloser closer{fd};
+		return R::fail("open " + dir + ": " + err_text(errno));
+	const Fd closer(fd);
 	if (::fsync(fd) != 0)
-		return "fsync " + dir + ": " + err_text(errno);
-	return "";
+		return R::fail("fsync " + dir + ": " + err_text(errno));
+	return R::of({});
 }
 
-std::string read_small_file(const std::string &path, size_t max_bytes,
-			    std::optional<std::string> &bytes)
+Result<std::optional<std::string>> read_small_file(const std::string &path, size_t max_bytes)
 {
-	bytes.reset();
+	using R = Result<std::optional<std::string>>;
 	const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK);
 	if (fd < 0 && errno == ENOENT)
-		return "";
+		return R::of(std::nullopt);
 	if (fd < 0 && errno == ELOOP)
-		return "a symbolic link";
+		return R::fail("a symbolic link");
 	if (fd < 0)
-		return err_text(errno);
-	FdCloser closer{fd};
+		return R::fail(err_text(errno));
+	const Fd closer(fd);
 	struct stat st {};
 	if (::fstat(fd, &st) != 0)
-		return errno_text("fstat");
+		return R::fail(errno_text("fstat"));
 	if (!S_ISREG(st.st_mode))
-		return "not a regular file";
+		return R::fail("not a regular file");
 	if (uint64_t(st.st_size) > max_bytes)
-		return fmt::format("larger than {} bytes", max_bytes);
+		return R::fail(fmt::format("larger than {} bytes", max_bytes));
 	std::string text(size_t(st.st_size), '\0');
 	if (const int e = read_fd_into(fd, text); e != 0)
-		return std::string("read: ") + err_text(e);
-	bytes = std::move(text);
-	return "";
+		return R::fail(std::string("read: ") + err_text(e));
+	return R::of(std::move(text));
 }
 
 int read_fd_into(int fd, std::string &text)

@@ -21,32 +21,33 @@
 
 namespace rdmaswap {
 
-std::string set_io_flusher()
+Result<Ok> set_io_flusher()
 {
 	if (prctl(PR_SET_IO_FLUSHER, 1, 0, 0, 0) != 0)
-		return std::string("PR_SET_IO_FLUSHER: ") + err_text(errno);
-	return {};
+		return Result<Ok>::fail(std::string("PR_SET_IO_FLUSHER: ") + err_text(errno));
+	return Result<Ok>::of({});
 }
 
-std::string set_realtime(int priority)
+Result<Ok> set_realtime(int priority)
 {
 	sched_param sp{};
 	sp.sched_priority = priority;
 	if (sched_setscheduler(0, SCHED_RR, &sp) != 0)
-		return "sched_setscheduler(SCHED_RR, " + std::to_string(priority) +
-		       "): " + err_text(errno);
-	return {};
+		return Result<Ok>::fail("sched_setscheduler(SCHED_RR, " + std::to_string(priority) +
+					"): " + err_text(errno));
+	return Result<Ok>::of({});
 }
 
-std::string lock_memory_onfault()
+Result<Ok> lock_memory_onfault()
 {
 	// Two calls: MCL_FUTURE without MCL_CURRENT only changes the default for new mappings,
 	// so the pages locked by the first call stay populated.
 	if (mlockall(MCL_CURRENT) != 0)
-		return std::string("mlockall(MCL_CURRENT): ") + err_text(errno);
+		return Result<Ok>::fail(std::string("mlockall(MCL_CURRENT): ") + err_text(errno));
 	if (mlockall(MCL_FUTURE | MCL_ONFAULT) != 0)
-		return std::string("mlockall(MCL_FUTURE|MCL_ONFAULT): ") + err_text(errno);
-	return {};
+		return Result<Ok>::fail(std::string("mlockall(MCL_FUTURE|MCL_ONFAULT): ") +
+					err_text(errno));
+	return Result<Ok>::of({});
 }
 
 void prefault_stack(size_t bytes)

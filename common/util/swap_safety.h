@@ -6,13 +6,15 @@
 #include <cstddef>
 #include <string>
 
+#include "common/util/result.h"
+
 namespace rdmaswap {
 
 // PR_SET_IO_FLUSHER (Linux >= 5.6, needs CAP_SYS_RESOURCE) on the calling thread: its memory
 // allocations do no I/O in reclaim (PF_MEMALLOC_NOIO) and it is not throttled by other writers'
 // dirty pages. Threads created afterwards inherit it, so call it before starting any.
-// Returns "" on success, else why not.
-std::string set_io_flusher();
+// Fails, saying why, if it cannot.
+Result<Ok> set_io_flusher();
 
 // SCHED_RR at `priority` (1-99) for the calling thread; threads created afterwards inherit it,
 // so call it before starting any. Needs CAP_SYS_NICE or a sufficient RLIMIT_RTPRIO. Besides
@@ -20,13 +22,13 @@ std::string set_io_flusher();
 // (a quarter of vm.min_free_kbytes), which ordinary tasks cannot: when the whole host is short
 // of memory and every page-out waits on this process, its socket buffers and kernel objects
 // still come from that reserve instead of waiting on the reclaim that waits on it.
-// Returns "" on success, else why not.
-std::string set_realtime(int priority = 1);
+// Fails, saying why, if it cannot.
+Result<Ok> set_realtime(int priority = 1);
 
 // Locks the pages mapped now (MCL_CURRENT) and makes every later mapping locked as it is faulted
 // in (MCL_FUTURE | MCL_ONFAULT: a new 8 MiB thread stack does not get populated at once).
-// Returns "" on success, else why not.
-std::string lock_memory_onfault();
+// Fails, saying why, if it cannot.
+Result<Ok> lock_memory_onfault();
 
 // Touches `bytes` of the calling thread's stack now, so that serving requests later does not
 // fault in stack pages (under MCL_FUTURE | MCL_ONFAULT they then stay locked). A page fault on

@@ -194,10 +194,10 @@ std::string hex16(uint64_t v)
 // The "volume" of a holders record, or "".
 std::string holders_volume(const std::string &path)
 {
-	std::optional<std::string> text;
-	if (!read_small_file(path, kMaxStateFile, text).empty() || !text)
+	const auto text = read_small_file(path, kMaxStateFile);
+	if (!text || !*text)
 		return "";
-	const json o = json::parse(*text, nullptr, false);
+	const json o = json::parse(**text, nullptr, false);
 	if (!o.is_object())
 		return "";
 	const auto v = o.find("volume");

@@ -188,21 +188,22 @@ PublicKey read_public_or_secret_key(const std::string &path)
 
 std::vector<std::byte> read_cert_file(const std::string &path, size_t max, const char *kind)
 {
-	std::optional<std::string> text;
-	const std::string err = read_small_file(path, max, text);
-	if (!err.empty())
-		throw std::runtime_error(std::string(kind) + " file " + path + ": " + err);
+	const auto text = read_small_file(path, max);
 	if (!text)
+		throw std::runtime_error(std::string(kind) + " file " + path + ": " + text.error);
+	if (!*text)
 		throw std::runtime_error(std::string(kind) + " file " + path + ": " +
 					 err_text(ENOENT));
-	const auto b = as_bytes(*text);
+	const auto b = as_bytes(**text);
 	return {b.begin(), b.end()};
 }
 
 void write_cert_file(const std::string &path, std::span<const std::byte> bytes, unsigned mode)
 {
-	std::string err = replace_private_file(
-		path, std::string_view(reinterpret_cast<const char *>(bytes.data()), bytes.size()));
+	std::string err =
+		replace_private_file(path, std::string_view(reinterpret_cast<const char *>(bytes.data()),
+							    bytes.size()))
+			.error;
 	if (err.empty() && ::chmod(path.c_str(), mode) != 0)
 		err = std::string("chmod: ") + err_text(errno);
 	if (!err.empty())

@@ -73,7 +73,8 @@ bool create_key_file(const std::string &path)
 	std::array<std::byte, 8> rnd;
 	random_bytes(rnd);
 	const std::string tmp = path + ".tmp-" + hex(rnd);
-	std::string err = write_private_file(tmp, std::string_view(text.data(), text.size()));
+	std::string err =
+		write_private_file(tmp, std::string_view(text.data(), text.size())).error;
 	OPENSSL_cleanse(text.data(), text.size());
 	bool made = false;
 	if (err.empty()) {

@@ -30,7 +30,7 @@ constexpr uint32_t kWantInline = 128;
 constexpr int kMaxReadDepth = 16;
 } // namespace
 
-bool can_reach(const Endpoint &ep, std::chrono::milliseconds timeout, std::string &why)
+Result<Ok> can_reach(const Endpoint &ep, std::chrono::milliseconds timeout)
 {
 	try {
 		EventChannel ch = make_event_channel();
@@ -41,10 +41,9 @@ bool can_reach(const Endpoint &ep, std::chrono::milliseconds timeout, std::strin
 		resolve(id.get(), ch.get(), ep.host, ep.port, timeout);
 		if (!id->verbs)
 			throw std::runtime_error("no RDMA device on the route");
-		return true;
+		return Result<Ok>::of({});
 	} catch (const std::exception &e) {
-		why = ep.str() + ": " + e.what();
-		return false;
+		return Result<Ok>::fail(ep.str() + ": " + e.what());
 	}
 }
 

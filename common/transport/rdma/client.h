@@ -15,13 +15,14 @@
 
 #include "common/transport/transport.h"
 #include "common/util/config.h"
+#include "common/util/result.h"
 #include "common/wire/auth.h"
 
 namespace rdmaswap::rdma {
 
 // Whether an RDMA device on this host can reach `ep` (rdma_resolve_addr + route succeed within
-// `timeout`). On false, `why` says what failed.
-bool can_reach(const Endpoint &ep, std::chrono::milliseconds timeout, std::string &why);
+// `timeout`); if not, the failure says what failed.
+Result<Ok> can_reach(const Endpoint &ep, std::chrono::milliseconds timeout);
 
 // The data QPs of one memserver session (every RdmaDataPath of it: the channels' and the repair
 // thread's), which fence each other (docs/architecture.md, "A failed write's outcome"). A QP

@@ -127,8 +127,8 @@ int holders_check(Client &c, const std::vector<std::string> &endpoints, const st
 		return fail("get_etcd before any put: not Absent: " + got.why);
 	const std::vector<Endpoint> none, donors{{"h2", 2}, {"h1", 1}, {"h2", 2}};
 	for (const auto *put : {&none, &donors}) {
-		if (auto why = holders::put_etcd(o, volume, *put); !why.empty())
-			return fail("put_etcd: " + why);
+		if (auto r = holders::put_etcd(o, volume, *put); !r)
+			return fail("put_etcd: " + r.error);
 		got = holders::get_etcd(o, volume);
 		if (got.status != Status::Found)
 			return fail("get_etcd after put_etcd: not Found: " + got.why);

@@ -271,7 +271,8 @@ TEST_CASE("holders: etcd calls fail within their bound when nothing listens", "[
 	CHECK(r.status == EtcdRecord::Status::Failed);
 	CHECK_THAT(r.why, Catch::Contains(o.endpoints[0].substr(7)));
 	CHECK(r.donors.empty());
-	const std::string why = put_etcd(o, "vol", std::vector<Endpoint>{{"h", 1}});
-	CHECK_THAT(why, Catch::Contains(o.endpoints[0].substr(7)));
+	const auto put = put_etcd(o, "vol", std::vector<Endpoint>{{"h", 1}});
+	CHECK_FALSE(put);
+	CHECK_THAT(put.error, Catch::Contains(o.endpoints[0].substr(7)));
 	CHECK(std::chrono::steady_clock::now() - t0 < std::chrono::seconds(3));
 }

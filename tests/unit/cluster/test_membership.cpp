@@ -151,7 +151,7 @@ TEST_CASE("membership: a record naming unknown donors is kept when a registered 
 		       Endpoint{"dead2", 7471}};
 	mo.record = [&](const std::vector<Endpoint> &eps) {
 		stored.push_back(eps);
-		return std::string();
+		return Result<Ok>::of({});
 	};
 	const std::vector<Membership::Start> st{{Endpoint{"a", 7471}, 0, true},
 						{Endpoint{"b", 7471}, 0, true}};

@@ -61,16 +61,13 @@ struct Hosts {
 	// Answers for the hosts it knows, fails for the others.
 	ProbeFn probe()
 	{
-		return [this](const Endpoint &ep, ProbeClock::time_point, std::string &why)
-			       -> std::optional<DonorLoad> {
+		return [this](const Endpoint &ep, ProbeClock::time_point) -> Result<DonorLoad> {
 			std::lock_guard lock(mu);
 			probed.insert(ep.host);
 			probe_order.push_back(ep.host);
-			if (!backends.count(ep.host)) {
-				why = "connection refused";
-				return std::nullopt;
-			}
-			return DonorLoad{0, 16, true, 0};
+			if (!backends.count(ep.host))
+				return Result<DonorLoad>::fail("connection refused");
+			return Result<DonorLoad>::of(DonorLoad{0, 16, true, 0});
 		};
 	}
 	bool was_contacted(const std::string &h)
@@ -252,7 +249,7 @@ TEST_CASE("membership: a donor recorded for a connect that fails leaves the reco
 		for (const auto &e : eps)
 			names.push_back(e.str());
 		stored.push_back(names);
-		return std::string();
+		return Result<Ok>::of({});
 	};
 	const std::vector<Membership::Start> st{{Endpoint{"a", 7471}, 0, true}};
 	Membership m(*v, h.connect(), std::move(mo), st);
@@ -308,14 +305,12 @@ TEST_CASE("probe_all: in parallel, under one deadline", "[membership][probe]")
 		targets.push_back({Endpoint{"silent" + std::to_string(i), 1}, 10s});
 	for (int i = 0; i < 3; i++)
 		targets.push_back({Endpoint{"ok" + std::to_string(i), 1}, 10s});
-	ProbeFn probe = [](const Endpoint &ep, ProbeClock::time_point deadline,
-			   std::string &why) -> std::optional<DonorLoad> {
+	ProbeFn probe = [](const Endpoint &ep, ProbeClock::time_point deadline) -> Result<DonorLoad> {
 		if (ep.host.rfind("silent", 0) == 0) {
 			std::this_thread::sleep_until(deadline);
-			why = "timed out";
-			return std::nullopt;
+			return Result<DonorLoad>::fail("timed out");
 		}
-		return DonorLoad{1, 8, true, 2};
+		return Result<DonorLoad>::of(DonorLoad{1, 8, true, 2});
 	};
 	SECTION("enough workers: every probe runs; the batch ends at its deadline")
 	{
@@ -360,8 +355,7 @@ TEST_CASE("probe_all: in parallel, under one deadline", "[membership][probe]")
 	}
 	SECTION("a probe that throws is a failure")
 	{
-		ProbeFn bad = [](const Endpoint &, ProbeClock::time_point,
-				 std::string &) -> std::optional<DonorLoad> {
+		ProbeFn bad = [](const Endpoint &, ProbeClock::time_point) -> Result<DonorLoad> {
 			throw std::runtime_error("cannot resolve");
 		};
 		auto out = probe_all(std::span(targets).first(2), bad, ProbeClock::now() + 1s, 4);

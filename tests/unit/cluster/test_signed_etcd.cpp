@@ -258,7 +258,7 @@ TEST_CASE("signed holders record: only this volume's key for this key", "[holder
 	const std::string key = holders::etcd_key("/p/", "vol-a");
 	const std::string text = holders::signed_text(key, "vol-a", donors, unreachable, vk);
 	std::string why;
-	CHECK(holders::verify_signed(key, text, vk.public_key(), why));
+	CHECK(value_or_why(holders::verify_signed(key, text, vk.public_key()), why));
 	// The local file's reader reads a signed text too.
 	holders::Unreachable u;
 	auto parsed = value_or_why(holders::parse_record(text, "vol-a", &u), why);
@@ -272,23 +272,23 @@ TEST_CASE("signed holders record: only this volume's key for this key", "[holder
 		std::string bad = text;
 		bad[i] = char(uint8_t(bad[i]) ^ 0x01);
 		INFO("byte " << i << ": " << bad);
-		CHECK_FALSE(holders::verify_signed(key, bad, vk.public_key(), why));
+		CHECK_FALSE(value_or_why(holders::verify_signed(key, bad, vk.public_key()), why));
 	}
 	// Unsigned (what a plugin before issue 26, or anyone, writes): refused.
-	CHECK_FALSE(holders::verify_signed(key, holders::record_text("vol-a", donors),
-					   vk.public_key(), why));
+	CHECK_FALSE(value_or_why(holders::verify_signed(key, holders::record_text("vol-a", donors),
+					   vk.public_key()), why));
 	CHECK(why.find("not signed") != std::string::npos);
 	// Signed by another host's key for the same name, or for another volume of this host.
-	CHECK_FALSE(holders::verify_signed(
-		key, holders::signed_text(key, "vol-a", donors, {}, other_host), vk.public_key(), why));
-	CHECK_FALSE(holders::verify_signed(
-		key, holders::signed_text(key, "vol-a", donors, {}, other_name), vk.public_key(), why));
+	CHECK_FALSE(value_or_why(holders::verify_signed(
+		key, holders::signed_text(key, "vol-a", donors, {}, other_host), vk.public_key()), why));
+	CHECK_FALSE(value_or_why(holders::verify_signed(
+		key, holders::signed_text(key, "vol-a", donors, {}, other_name), vk.public_key()), why));
 	// This volume's record copied under another key.
 	const std::string key_b = holders::etcd_key("/p/", "vol-b");
-	CHECK_FALSE(holders::verify_signed(
-		key_b, holders::signed_text(key, "vol-a", donors, {}, vk), vk.public_key(), why));
+	CHECK_FALSE(value_or_why(holders::verify_signed(
+		key_b, holders::signed_text(key, "vol-a", donors, {}, vk), vk.public_key()), why));
 	// A dead address added to a signed record: refused.
 	auto j = nlohmann::json::parse(text);
 	j["donors"].push_back("10.9.9.9:1");
-	CHECK_FALSE(holders::verify_signed(key, j.dump(), vk.public_key(), why));
+	CHECK_FALSE(value_or_why(holders::verify_signed(key, j.dump(), vk.public_key()), why));
 }
