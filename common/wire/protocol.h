@@ -60,8 +60,7 @@ inline constexpr uint16_t kFlagResponse = 1;
 struct Header {
 	Op op{};
 	uint16_t flags = 0;
-	uint32_t status = 0;
-	uint32_t body_len = 0;
+	uint32_t status = 0, body_len = 0;
 	uint64_t request_id = 0;
 
 	bool is_response() const { return flags & kFlagResponse; }
@@ -76,11 +75,15 @@ struct Status {
 
 // Fixed bodies. A message's fields are declared once, as the struct's members: the wire layout
 // is their order (each an unsigned integer or enum, little-endian on the wire, or an array of
-// bytes or chars, copied as is). `kFields` says how many there are (the compiler checks it: a
-// structured binding of another count does not compile); encode(), decode() and the k*Size
-// constants (wire_size) are derived from the members. What a decoder checks beyond the size is
-// the message's check() (protocol.cpp), if it has one; `kWrongSize` is decode's error for a body
-// of another size.
+// bytes or chars, copied as is). `kWire` says how many members there are (the compiler checks
+// it: a structured binding of another count does not compile) and decode's error for a body of
+// another size; encode(), decode() and the k*Size constants (wire_size) are derived from the
+// members. What a decoder checks beyond the size is the message's check() (protocol.cpp), if it
+// has one.
+struct WireInfo {
+	int fields;             // the struct's members, all of them on the wire
+	const char *wrong_size; // decode's error for a body of another size
+};
 struct HelloRequest {                 // 32 bytes
 	uint32_t client_version = kVersion;
 	uint32_t want_rdma = 0;       // 1: the client will attach RDMA data QPs to this session
@@ -90,23 +93,17 @@ struct HelloRequest {                 // 32 bytes
 	// The server fences it (it applies no further request from it) before answering, so
 	// that nothing the old connection still had buffered can land after what follows.
 	uint64_t replaces = 0;
-	static constexpr const char *kWrongSize = "HELLO body has the wrong size";
-	static constexpr int kFields = 5;
+	static constexpr WireInfo kWire{5, "HELLO body has the wrong size"};
 	Status check() const;
 };
 struct HelloReply {                   // 80 bytes
-	uint64_t session_id = 0;
-	uint64_t token = 0;
-	uint64_t slab_size = 0;
-	uint32_t slabs_total = 0;
-	uint32_t slabs_free = 0;
-	uint32_t max_io = 0;
+	uint64_t session_id = 0, token = 0, slab_size = 0;
+	uint32_t slabs_total = 0, slabs_free = 0, max_io = 0;
 	uint32_t server_flags = 0;    // bit 0: RDMA data path available
 	uint64_t conn_id = 0;         // this connection's id (for a later `replaces`)
 	// Fresh random bytes for this connection (never all zero): a BIND on it signs them.
 	std::array<std::byte, 32> challenge{};
-	static constexpr const char *kWrongSize = "HELLO reply has the wrong size";
-	static constexpr int kFields = 9;
+	static constexpr WireInfo kWire{9, "HELLO reply has the wrong size"};
 	Status check() const;
 };
 inline constexpr uint32_t kServerRdma = 1;
@@ -118,41 +115,28 @@ struct AllocReply {                   // 32 bytes
 	uint64_t length = 0;
 	uint32_t slabs_free = 0;      // free slabs left on the server after this grant
 	uint32_t reserved = 0;
-	static constexpr const char *kWrongSize = "ALLOC reply has the wrong size";
-	static constexpr int kFields = 6;
+	static constexpr WireInfo kWire{6, "ALLOC reply has the wrong size"};
 	Status check() const;
 };
 struct FreeRequest {                  // 8 bytes
-	uint32_t slab_id = 0;
-	uint32_t reserved = 0;
-	static constexpr const char *kWrongSize = "FREE body has the wrong size";
-	static constexpr int kFields = 2;
+	uint32_t slab_id = 0, reserved = 0;
+	static constexpr WireInfo kWire{2, "FREE body has the wrong size"};
 	Status check() const;
 };
 struct IoRequest {                    // 16 bytes; READ: reply payload is `length` bytes;
 	uint32_t slab_id = 0;         // WRITE: `length` payload bytes follow the body
 	uint32_t length = 0;
 	uint64_t offset = 0;
-	static constexpr const char *kWrongSize = "I/O body has the wrong size";
-	static constexpr int kFields = 3;
+	static constexpr WireInfo kWire{3, "I/O body has the wrong size"};
 	Status check() const;
 };
 struct StatsReply {                   // 80 bytes
-	uint64_t capacity = 0;
-	uint64_t slab_size = 0;
-	uint32_t slabs_total = 0;
-	uint32_t slabs_free = 0;
-	uint32_t sessions = 0;
-	uint32_t rdma_qps = 0;
-	uint64_t tcp_read_ops = 0;
-	uint64_t tcp_read_bytes = 0;
-	uint64_t tcp_write_ops = 0;
-	uint64_t tcp_write_bytes = 0;
-	uint32_t rdma_sessions = 0;
-	uint32_t connections = 0;
+	uint64_t capacity = 0, slab_size = 0;
+	uint32_t slabs_total = 0, slabs_free = 0, sessions = 0, rdma_qps = 0;
+	uint64_t tcp_read_ops = 0, tcp_read_bytes = 0, tcp_write_ops = 0, tcp_write_bytes = 0;
+	uint32_t rdma_sessions = 0, connections = 0;
 	uint64_t reserved = 0;
-	static constexpr const char *kWrongSize = "STATS reply has the wrong size";
-	static constexpr int kFields = 13;
+	static constexpr WireInfo kWire{13, "STATS reply has the wrong size"};
 	Status check() const;
 };
 
@@ -171,35 +155,29 @@ struct BindRequest {                  // 168 bytes
 	uint32_t reserved = 0;
 	std::array<std::byte, 32> pubkey{}; // the volume's Ed25519 public key
 	std::array<std::byte, 64> proof{};  // Ed25519 signature (see above)
-	static constexpr const char *kWrongSize = "BIND body has the wrong size";
-	static constexpr int kFields = 5;
+	static constexpr WireInfo kWire{5, "BIND body has the wrong size"};
 	Status check() const;
 };
 struct BindReply {                    // 16 bytes
 	uint32_t reattached = 0;      // 1: took over a detached session of this volume
 	uint32_t slabs = 0;           // slabs taken over
 	uint64_t detached_ms = 0;     // how long that session had been detached
-	static constexpr const char *kWrongSize = "BIND reply has the wrong size";
-	static constexpr int kFields = 3;
+	static constexpr WireInfo kWire{3, "BIND reply has the wrong size"};
 	Status check() const;
 };
 // ALLOC_TAGGED: ALLOC, with the slab's tag set in the same exchange (reply: AllocReply).
 struct AllocTaggedRequest {           // 16 bytes
 	uint64_t chunk = 0;           // which chunk of the volume the slab holds
 	uint64_t epoch = 0;           // replica freshness (0: incomplete, never trusted)
-	static constexpr const char *kWrongSize = "ALLOC_TAGGED body has the wrong size";
-	static constexpr int kFields = 2;
+	static constexpr WireInfo kWire{2, "ALLOC_TAGGED body has the wrong size"};
 };
 // SET_TAG: set the tag of a slab this session holds; with slab_id == kNoSlab, set the epoch
 // floor of `chunk` in the session's volume instead (epoch 0 removes it). Reply: no body.
 inline constexpr uint32_t kNoSlab = 0xffffffffu;
 struct SetTagRequest {                // 24 bytes
-	uint32_t slab_id = 0;
-	uint32_t reserved = 0;
-	uint64_t chunk = 0;
-	uint64_t epoch = 0;
-	static constexpr const char *kWrongSize = "SET_TAG body has the wrong size";
-	static constexpr int kFields = 4;
+	uint32_t slab_id = 0, reserved = 0;
+	uint64_t chunk = 0, epoch = 0;
+	static constexpr WireInfo kWire{4, "SET_TAG body has the wrong size"};
 	Status check() const;
 };
 // VOLUME_LIST: what=0: this session's tagged slabs with id >= start (RDMA sessions: each is
@@ -213,18 +191,14 @@ struct VolumeListRequest {            // 16 bytes
 	ListWhat what = ListWhat::Slabs;
 	uint32_t reserved = 0;
 	uint64_t start = 0;
-	static constexpr const char *kWrongSize = "VOLUME_LIST body has the wrong size";
-	static constexpr int kFields = 3;
+	static constexpr WireInfo kWire{3, "VOLUME_LIST body has the wrong size"};
 	Status check() const;
 };
 struct VolumeEntry {                  // 32 bytes
 	uint32_t slab_id = 0;         // kNoSlab in a floor entry
 	uint32_t rkey = 0;
-	uint64_t addr = 0;
-	uint64_t chunk = 0;
-	uint64_t epoch = 0;
-	static constexpr const char *kWrongSize = "VOLUME_LIST entry has the wrong size";
-	static constexpr int kFields = 5;
+	uint64_t addr = 0, chunk = 0, epoch = 0;
+	static constexpr WireInfo kWire{5, "VOLUME_LIST entry has the wrong size"};
 };
 inline constexpr uint32_t kSessionDetached = 1, kSessionRdma = 2, kSessionBound = 4;
 struct SessionEntry {                 // 160 bytes
@@ -232,12 +206,10 @@ struct SessionEntry {                 // 160 bytes
 	uint32_t slabs = 0;
 	uint32_t flags = 0;           // kSession*
 	uint64_t lease_left_ms = 0;   // detached sessions: time until their slabs are freed
-	uint32_t lease_s = 0;
-	uint32_t connections = 0;
+	uint32_t lease_s = 0, connections = 0;
 	std::array<char, 64> volume{}; // NUL-padded ("" when not bound)
 	std::array<char, 64> peer{};   // the address of the client that created or bound it
-	static constexpr const char *kWrongSize = "VOLUME_LIST session entry has the wrong size";
-	static constexpr int kFields = 8;
+	static constexpr WireInfo kWire{8, "VOLUME_LIST session entry has the wrong size"};
 	Status check() const;
 };
 // True if `name` is a valid volume id: 1..kMaxVolumeName graphic ASCII characters (0x21-0x7e).
@@ -252,8 +224,7 @@ long decode_entries(std::span<const std::byte> in, std::span<SessionEntry> out);
 // slabs at once, granted ones once their owners have moved them (see Op::Wanted).
 struct GiveBackRequest {              // 8 bytes
 	uint64_t bytes = 0;
-	static constexpr const char *kWrongSize = "GIVEBACK body has the wrong size";
-	static constexpr int kFields = 1;
+	static constexpr WireInfo kWire{1, "GIVEBACK body has the wrong size"};
 	Status check() const;
 };
 // LEND: the reverse, for an admin: cancel pending moves, then put withdrawn slabs back in the
@@ -265,10 +236,8 @@ struct GiveBackReply {                // 24 bytes (also the GIVEBACK_STATUS and 
 	uint32_t wanted_now = 0;      // granted slabs this request asked their owners to move
 	uint32_t slabs_withdrawn = 0; // total withdrawn (capacity given back)
 	uint32_t slabs_wanted = 0;    // total pending moves
-	uint32_t slabs_total = 0;
-	uint32_t reserved = 0;
-	static constexpr const char *kWrongSize = "GIVEBACK reply has the wrong size";
-	static constexpr int kFields = 6;
+	uint32_t slabs_total = 0, reserved = 0;
+	static constexpr WireInfo kWire{6, "GIVEBACK reply has the wrong size"};
 	Status check() const;
 };
 
@@ -276,20 +245,17 @@ struct AuthRequest {                  // 48 bytes
 	std::array<std::byte, 32> client_nonce{};
 	uint64_t key_id = 0;          // AuthKey::id() of the key the client holds
 	uint64_t reserved = 0;
-	static constexpr const char *kWrongSize = "AUTH body has the wrong size";
-	static constexpr int kFields = 3;
+	static constexpr WireInfo kWire{3, "AUTH body has the wrong size"};
 	Status check() const;
 };
 struct AuthReply {                    // 64 bytes
 	std::array<std::byte, 32> server_nonce{};
 	std::array<std::byte, 32> server_mac{};
-	static constexpr const char *kWrongSize = "AUTH reply has the wrong size";
-	static constexpr int kFields = 2;
+	static constexpr WireInfo kWire{2, "AUTH reply has the wrong size"};
 };
 struct AuthProofRequest {             // 32 bytes; the reply has no body
 	std::array<std::byte, 32> client_mac{};
-	static constexpr const char *kWrongSize = "AUTH_PROOF body has the wrong size";
-	static constexpr int kFields = 1;
+	static constexpr WireInfo kWire{1, "AUTH_PROOF body has the wrong size"};
 };
 
 // DONOR_PROOF (needs authentication): the reply is the memserver's donor certificate
@@ -298,8 +264,7 @@ struct AuthProofRequest {             // 32 bytes; the reply has no body
 // ENOENT: the memserver has no certificate (run without --donor-cert).
 struct DonorProofRequest {            // 64 bytes
 	std::array<char, 64> dialled{}; // the address the client connected to (SockAddr::str())
-	static constexpr const char *kWrongSize = "DONOR_PROOF body has the wrong size";
-	static constexpr int kFields = 1;
+	static constexpr WireInfo kWire{1, "DONOR_PROOF body has the wrong size"};
 };
 inline constexpr size_t kDonorProofSigSize = 64;
 inline constexpr size_t kMaxDonorProofReply = 2048; // certificate + signature
@@ -364,19 +329,17 @@ template <WireBytes T> void get_field(const std::byte *&p, T &v)
 }
 } // namespace detail
 
-// A fixed body: its members (kFields of them, in wire order) and the error of a body of the
-// wrong size.
+// A fixed body: its members (M::kWire.fields of them, in wire order) and its WireInfo.
 template <class M>
 concept WireMessage = std::is_aggregate_v<M> && requires {
-	{ M::kFields } -> std::convertible_to<int>;
-	{ M::kWrongSize } -> std::convertible_to<const char *>;
+	{ M::kWire } -> std::convertible_to<WireInfo>;
 };
 
 namespace detail {
-// Call `visit` with each member of `m` in order (a structured binding of M::kFields names).
+// Call `visit` with each member of `m` in order (a structured binding of M::kWire.fields names).
 template <class M, class V> constexpr void for_each_field(M &m, V &&visit)
 {
-	constexpr int n = std::remove_const_t<M>::kFields;
+	constexpr int n = std::remove_const_t<M>::kWire.fields;
 	static_assert(n >= 1 && n <= 13, "for_each_field: add a case");
 	if constexpr (n == 1) {
 		auto &[x0] = m;
@@ -448,7 +411,7 @@ template <WireMessage M> void encode(const M &m, std::span<std::byte> out)
 template <WireMessage M> Status decode(std::span<const std::byte> in, M &m)
 {
 	if (in.size() != wire_size<M>())
-		return Status::fail(M::kWrongSize);
+		return Status::fail(M::kWire.wrong_size);
 	const std::byte *p = in.data();
 	M r;
 	detail::for_each_field(r, [&p](auto &f) { detail::get_field(p, f); });
