@@ -2,7 +2,7 @@
 // The plugin's keys (plugin.h): .config reads one key into g_cfg by a table, one row per key;
 // .config_complete checks them together, reads the files they name (keys, certificates, etcd
 // credentials) and names the volume's files. A new key: a row in keys() below, a line in
-// kConfigHelp, and docs/man/nbdkit-rdmaswap-plugin.1.
+// kConfigHelp, and docs/man/nbdkit-rdmaswap-plugin.1.in.
 #define NBDKIT_API_VERSION 2
 #include <nbdkit-plugin.h>
 
