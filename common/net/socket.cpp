@@ -162,43 +162,68 @@ int recv_all_until(int fd, void *buf, size_t len, std::chrono::steady_clock::tim
 	return 0;
 }
 
+int set_recv_slice(int fd, std::chrono::milliseconds slice)
+{
+	timeval tv{};
+	tv.tv_sec = slice.count() / 1000;
+	tv.tv_usec = (slice.count() % 1000) * 1000;
+	return setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv) == 0 ? 0 : errno;
+}
+
 int recv_some_until(int fd, iovec *iov, int iovcnt, std::chrono::steady_clock::time_point deadline,
-		    bool wait_first, std::chrono::nanoseconds spin, size_t &got)
+		    bool wait_first, std::chrono::nanoseconds spin, size_t &got,
+		    std::chrono::milliseconds slice)
 {
 	got = 0;
-	if (wait_first && spin.count() == 0) {
-		// Past the deadline wait_ready says ETIMEDOUT without looking: try the recvmsg
-		// then anyway (the bytes may have come while the caller waited on another peer).
-		const int err = wait_ready(fd, POLLIN, deadline);
-		if (err && err != ETIMEDOUT)
-			return err;
-	}
 	const auto spin_until = spin.count() ? std::chrono::steady_clock::now() + spin
 					     : std::chrono::steady_clock::time_point{};
-	for (;;) {
-		msghdr msg{};
-		msg.msg_iov = iov;
-		msg.msg_iovlen = size_t(iovcnt);
-		const ssize_t n = ::recvmsg(fd, &msg, MSG_DONTWAIT);
-		if (n > 0) {
-			got = size_t(n);
-			return 0;
-		}
-		if (n == 0)
-			return ECONNRESET;
-		if (errno == EINTR)
-			continue;
-		if (errno != EAGAIN && errno != EWOULDBLOCK)
-			return errno;
-		if (spin.count()) {
-			// Busy-poll: try again at once while the spin lasts (and the deadline, and
-			// no stop request).
-			const auto now = std::chrono::steady_clock::now();
-			if (now < spin_until && now < deadline && !stop_requested())
+	// `tried`: a non-blocking recvmsg came first (not when waiting first without a spin).
+	for (bool tried = !wait_first || spin.count();; tried = true) {
+		if (tried) {
+			msghdr msg{};
+			msg.msg_iov = iov;
+			msg.msg_iovlen = size_t(iovcnt);
+			const ssize_t n = ::recvmsg(fd, &msg, MSG_DONTWAIT);
+			if (n > 0) {
+				got = size_t(n);
+				return 0;
+			}
+			if (n == 0)
+				return ECONNRESET;
+			if (errno == EINTR)
 				continue;
-			spin = std::chrono::nanoseconds{0};
+			if (errno != EAGAIN && errno != EWOULDBLOCK)
+				return errno;
+			if (spin.count()) {
+				// Busy-poll: try again at once while the spin lasts (and the
+				// deadline, and no stop request).
+				const auto now = std::chrono::steady_clock::now();
+				if (now < spin_until && now < deadline && !stop_requested())
+					continue;
+				spin = std::chrono::nanoseconds{0};
+			}
 		}
-		if (int err = wait_ready(fd, POLLIN, deadline))
+		// Wait: blocking in recvmsg a slice at a time while a whole one is left (see the
+		// header), then poll for the rest.
+		while (slice.count() > 0 && !stop_requested() &&
+		       deadline - std::chrono::steady_clock::now() >= slice) {
+			msghdr msg{};
+			msg.msg_iov = iov;
+			msg.msg_iovlen = size_t(iovcnt);
+			const ssize_t n = ::recvmsg(fd, &msg, 0);
+			if (n > 0) {
+				got = size_t(n);
+				return 0;
+			}
+			if (n == 0)
+				return ECONNRESET;
+			if (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR)
+				return errno;
+		}
+		// Past the deadline wait_ready says ETIMEDOUT without looking: try the recvmsg once
+		// anyway if it was not tried yet (the bytes may have come while the caller waited on
+		// another peer).
+		if (const int err = wait_ready(fd, POLLIN, deadline); err && (tried || err != ETIMEDOUT))
 			return err;
 	}
 }

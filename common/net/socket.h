@@ -27,7 +27,8 @@ struct SockAddr {
 SockAddr resolve(const Endpoint &ep);
 
 // Connect by `deadline` (or until a stop is requested); sets TCP_NODELAY, and no socket
-// timeouts: every later wait on it is bounded by its own deadline (the *_until calls below).
+// timeouts: every later wait on it is bounded by its own deadline (the *_until calls below;
+// a caller may add receive slices within it: set_recv_slice).
 // Returns the socket, or an invalid Fd with errno set (ETIMEDOUT, ECANCELED, a connect errno).
 Fd connect_tcp(const SockAddr &addr, Deadline deadline);
 
@@ -52,15 +53,23 @@ int recv_all_until(int fd, void *buf, size_t len, std::chrono::steady_clock::tim
 // Receive what is there, at least one byte, into `iov` (filled in order, as recvmsg does):
 // one recvmsg with MSG_DONTWAIT, and when nothing is there yet, wait for it until `deadline`:
 // first by spinning for `spin` (busy-polling: non-blocking recvmsg again and again, no sleep),
-// then with poll. `wait_first`: poll before the first recvmsg (when the bytes cannot be there
+// then with poll. `wait_first`: wait before the first try (when the bytes cannot be there
 // yet, e.g. right after the request went out; a try would only cost a syscall); once the
-// deadline has passed it still tries once (the bytes may be there). On 0, `got`
-// is the number of bytes received (> 0). Errors as recv_all_until: ETIMEDOUT, ECANCELED,
-// ECONNRESET, or the socket's errno. No allocation.
+// deadline has passed it still tries once (the bytes may be there). With `slice` > 0 a wait
+// is a blocking recvmsg, one system call instead of poll + recvmsg: the socket must be
+// blocking with SO_RCVTIMEO = `slice` (set_recv_slice); it blocks a slice at a time while a
+// whole slice is left before `deadline` (and no stop was requested: a stop ends the wait
+// within one slice, not at once), then polls for the rest. On 0, `got` is the number
+// of bytes received (> 0). Errors as recv_all_until: ETIMEDOUT, ECANCELED, ECONNRESET, or the
+// socket's errno. No allocation.
 int recv_some_until(int fd, iovec *iov, int iovcnt, std::chrono::steady_clock::time_point deadline,
-		    bool wait_first, std::chrono::nanoseconds spin, size_t &got);
+		    bool wait_first, std::chrono::nanoseconds spin, size_t &got,
+		    std::chrono::milliseconds slice = std::chrono::milliseconds{0});
+// SO_RCVTIMEO = `slice` (> 0), for recv_some_until's blocking first wait. 0 or errno.
+int set_recv_slice(int fd, std::chrono::milliseconds slice);
 
-// Per-syscall SO_RCVTIMEO/SO_SNDTIMEO (the memserver's sockets; clients use deadlines).
+// Per-syscall SO_RCVTIMEO/SO_SNDTIMEO (the memserver's sockets; clients use deadlines, the TCP
+// data path's receive slices within them: set_recv_slice).
 void set_io_timeout(int fd, std::chrono::milliseconds t);
 
 } // namespace rdmaswap

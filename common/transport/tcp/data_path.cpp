@@ -23,6 +23,16 @@ namespace {
 // Request ids: (sequence number << 8) | the path's slot on its connection.
 constexpr unsigned kSlotBits = 8;
 static_assert(TcpDataPath::kMaxSharing <= (1u << kSlotBits));
+
+// The reader's first wait for replies is a blocking recvmsg of at most this long at a time
+// (recv_some_until's `slice`: one system call, not poll + recvmsg, per wake-up); a stop request
+// ends it within one slice. 0 on a connection whose SO_RCVTIMEO could not be set: poll.
+constexpr std::chrono::milliseconds kRecvSlice{100};
+
+std::chrono::milliseconds recv_slice(const Fd &fd)
+{
+	return set_recv_slice(fd.get(), kRecvSlice) == 0 ? kRecvSlice : std::chrono::milliseconds{0};
+}
 } // namespace
 
 // Every data connection of one memserver session, so that a write can fence the others first
@@ -68,6 +78,7 @@ struct TcpDataPath::Link {
 	std::atomic<int64_t> usable_at{0};
 	uint64_t gen = 1;        // changed by every failure and every reconnect
 	uint64_t conn_id = 0;    // the server's id for the connection: a reconnect fences it
+	std::chrono::milliseconds slice{0}; // fd's SO_RCVTIMEO (kRecvSlice), 0: not set
 	Backoff backoff;
 	bool sending = false;  // a path sends on fd (outside mu)
 	bool reading = false;  // a path receives on fd (outside mu) ...
@@ -172,6 +183,7 @@ struct TcpDataPath::Link {
 		lock.lock();
 		connecting = false;
 		if (nfd) {
+			slice = recv_slice(nfd);
 			fd = std::move(nfd);
 			conn_id = id;
 			up = true;
@@ -206,6 +218,7 @@ TcpDataPath::TcpDataPath(const SockAddr &addr, std::shared_ptr<const AuthKey> ke
 	if (!l.fd)
 		throw std::runtime_error("tcp data connection to " + addr.str() + ": " +
 					 connect_error_text(err));
+	l.slice = recv_slice(l.fd);
 	l.up = true;
 	l.paths[0] = this;
 	TcpSession &s = *l.session;
@@ -472,12 +485,13 @@ void TcpDataPath::read_for_all(std::unique_lock<std::mutex> &lock)
 		}
 		iov[n++] = {st + l.end, kStaging - l.end};
 		const int fd = l.fd.get();
+		const auto slice = l.slice;
 		// Right after a send the answer cannot be there yet: wait before the first try.
 		const bool wait_first = first && l.end == 0 && l.rest == 0;
 		first = false;
 		lock.unlock();
 		size_t got = 0;
-		const int r = recv_some_until(fd, iov, n, deadline_, wait_first, spin, got);
+		const int r = recv_some_until(fd, iov, n, deadline_, wait_first, spin, got, slice);
 		lock.lock();
 		if (l.gen != g)
 			break; // failed meanwhile (a path's deadline, a send): what came is void

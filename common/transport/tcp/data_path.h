@@ -29,7 +29,8 @@ std::shared_ptr<TcpSession> make_tcp_session();
 // A batch (its sends, a reconnect they need, and all replies read in complete()) is done
 // within `timeout` of its first post, however slowly the memserver answers, or fails with EIO
 // and drops the connection (the stream is out of step); a stop request (request_stop()) ends
-// it at once. No allocation after construction.
+// it within 100 ms (a reader's blocking receive slice, below). No allocation after
+// construction.
 //
 // Sharing: a path made with the sharing constructor uses the connection of the path it was
 // made from (up to kMaxSharing paths per connection). Each path keeps its own batch and is
@@ -75,8 +76,11 @@ std::shared_ptr<TcpSession> make_tcp_session();
 // Hence a write that failed with EIO can land only before its complete() returned, never after
 // a newer write to the memserver was sent. A failed batch of writes takes at most 2 * timeout.
 //
-// Waiting for replies: poll at once after the send (the answer cannot be there yet), or with
-// busy_poll() spin with non-blocking recvmsg for kBusyPollSpin first.
+// Waiting for replies: the reader blocks in recvmsg at once after the send (the answer cannot
+// be there yet; one system call per wake-up, not poll + recvmsg: the socket's SO_RCVTIMEO
+// slices the wait into 100 ms pieces, checked against the deadline and a stop request, and the
+// last piece is a poll), or with busy_poll() spins with non-blocking recvmsg for kBusyPollSpin
+// first.
 class TcpDataPath final : public DataPathBase {
 public:
 	// Connects and joins the session at once (throws std::runtime_error if that fails).

@@ -181,6 +181,61 @@ TEST_CASE("request_stop wakes every wait at once with ECANCELED", "[socket][stop
 	CHECK(wait_ready(p.a.get(), POLLIN, Clock::now() + 20ms) == ETIMEDOUT);
 }
 
+TEST_CASE("recv_some_until: the blocking wait in slices takes the bytes, ends at the deadline "
+	  "(not a slice later) and within a slice of a stop",
+	  "[socket][stop]")
+{
+	Pair p;
+	REQUIRE(set_recv_slice(p.a.get(), 100ms) == 0);
+	std::array<std::byte, 64> buf{};
+	iovec iov{buf.data(), buf.size()};
+	size_t got = 0;
+	SECTION("bytes that come while it blocks")
+	{
+		std::thread writer([&] {
+			std::this_thread::sleep_for(150ms); // after the first slice ended empty
+			const char msg[] = "hello";
+			(void)!::write(p.b.get(), msg, 5);
+		});
+		const int r = recv_some_until(p.a.get(), &iov, 1, Clock::now() + 5s, true, 0ns, got,
+					      100ms);
+		writer.join();
+		CHECK(r == 0);
+		CHECK(got == 5);
+		CHECK(std::memcmp(buf.data(), "hello", 5) == 0);
+	}
+	SECTION("the deadline, between two slices")
+	{
+		REQUIRE(set_recv_slice(p.a.get(), 200ms) == 0);
+		const auto start = Clock::now();
+		CHECK(recv_some_until(p.a.get(), &iov, 1, start + 500ms, true, 0ns, got, 200ms) ==
+		      ETIMEDOUT);
+		const double took = ms_since(start);
+		CHECK(took >= 495);
+		CHECK(took < 590); // not 600 (a third slice) or later: the rest is a poll
+	}
+	SECTION("a stop request")
+	{
+		std::thread stopper([] {
+			std::this_thread::sleep_for(120ms);
+			request_stop();
+		});
+		const auto start = Clock::now();
+		const int r = recv_some_until(p.a.get(), &iov, 1, start + 20s, true, 0ns, got, 100ms);
+		const double took = ms_since(start);
+		stopper.join();
+		clear_stop_for_tests();
+		CHECK(r == ECANCELED);
+		CHECK(took < 400);
+	}
+	SECTION("the peer closes")
+	{
+		p.b.reset();
+		CHECK(recv_some_until(p.a.get(), &iov, 1, Clock::now() + 5s, true, 0ns, got, 100ms) ==
+		      ECONNRESET);
+	}
+}
+
 TEST_CASE("rpc: a reply trickled a byte at a time fails at the deadline, out of step",
 	  "[socket][rpc]")
 {
