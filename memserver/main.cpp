@@ -112,9 +112,9 @@ int run(int argc, char **argv)
 	app.add_option("--slab-size", slab_size, "slab size, a power of two >= 64K (default 256M)");
 	app.add_option("--transport", transport, "tcp, rdma or auto (default auto)");
 	app.add_option("--max-connections", opts.max_connections,
-		       "connections served at once; more are closed at once (default 256)");
+		       "connections served at once; more are closed at once (default 1024)");
 	app.add_option("--threads", opts.threads,
-		       "event loops serving TCP connections (default: one per CPU, at most 16)");
+		       "event loops serving TCP connections (default 16; 0: one per CPU, at most 16)");
 	app.add_option("--workers", opts.workers,
 		       "threads for blocking requests: registration, session changes (default 4; "
 		       "one more serves handshakes only, and one zeroes freed slabs)");
@@ -167,10 +167,10 @@ int run(int argc, char **argv)
 		       "(default 64)");
 	app.add_option("--connect-rate", opts.connect_rate,
 		       "new connections per second from one address, in bursts of twice that; "
-		       "more are closed at once (default 50; 0: no limit)");
+		       "more are closed at once (default 150; 0: no limit)");
 	app.add_option("--max-peer-connections", opts.max_peer_connections,
 		       "connections open at once from one address (at most --max-connections); "
-		       "more are closed at once (default 128)");
+		       "more are closed at once (default 384)");
 	app.add_option("--metrics-listen", opts.metrics_listen,
 		       "serve Prometheus metrics at http://ADDR:PORT/metrics, e.g. "
 		       "127.0.0.1:9471 (default: off)");

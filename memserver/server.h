@@ -49,9 +49,10 @@ struct MemserverOptions {
 	uint64_t slab_size = uint64_t(256) << 20;
 	TransportKind transport = TransportKind::Auto;
 	// TCP connections and RDMA QPs open at once; one more is closed (TCP) or rejected (RDMA).
-	unsigned max_connections = 256;
-	// --threads: event loops serving the TCP connections (0: one per CPU, at most 16).
-	unsigned threads = 0;
+	unsigned max_connections = 1024;
+	// --threads: event loops serving the TCP connections (0: one per CPU, at most 16). More
+	// loops than CPUs answer sooner (docs/performance.md, "Issue 28").
+	unsigned threads = 16;
 	// --workers: threads for the blocking requests (ALLOC, FREE, HELLO, BIND, lists, ...);
 	// one more takes handshakes only (WorkerPool::Lane).
 	unsigned workers = 4;
@@ -101,8 +102,9 @@ struct MemserverOptions {
 	// burst of twice that; 0: no limit); --max-peer-connections: connections open at once
 	// from one address (never more than max_connections). Over either, the accept loop
 	// closes the connection at once and counts it.
-	unsigned connect_rate = 50;
-	unsigned max_peer_connections = 128;
+	// Sized for 16 volumes of one address at the plugin's defaults (19 connections each).
+	unsigned connect_rate = 150;
+	unsigned max_peer_connections = 384;
 	// Test hook (RDMASWAP_TEST_LIFECYCLE_PAUSE_MS): sleep this long inside the detach of a
 	// session (after the decision, before its RDMA state is dropped) and inside a takeover
 	// (between the bind and the move of the slabs), logging "lifecycle pause" first, so that a

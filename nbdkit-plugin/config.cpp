@@ -157,7 +157,7 @@ const std::vector<Key> &keys()
 		{"idle-disconnect",
 		 number(g_cfg.idle_disconnect, 0, 86400, "at most 86400 seconds (0: never)")},
 		{"channels", number(g_cfg.channels, 1, 1024, "must be between 1 and 1024")},
-		{"paths", number(g_cfg.paths, 1, 1024, "must be between 1 and 1024")},
+		{"paths", number(g_cfg.paths, 0, 1024, "must be between 0 (one per channel) and 1024")},
 		{"statusfile", path(g_cfg.statusfile)},
 		{"metrics-file", path(g_cfg.metricsfile)},
 		{"replicas", number(g_cfg.replicas, 1, Volume::kMaxReplicas,
@@ -402,8 +402,8 @@ const char kConfigHelp[] = "server=HOST[:PORT]  (repeatable) memserver address (
 	"size=SIZE           (required) size of the device\n"
 	"transport=tcp|rdma|auto  data path (default auto)\n"
 	"channels=N          data channels (default 16)\n"
-	"paths=N             data connections (RDMA: QPs) to each donor,\n"
-	"                    shared by the channels (default 4)\n"
+	"paths=N             data connections (RDMA: QPs) to each donor\n"
+	"                    (default 0: one per channel; fewer are shared)\n"
 	"spread=N            donors the volume places new slabs on, and the\n"
 	"                    only ones it connects to besides those holding its\n"
 	"                    slabs (default 8; 0: every donor)\n"

@@ -49,7 +49,7 @@ struct Config {
 	uint64_t size = 0;
 	TransportKind transport = TransportKind::Auto;
 	unsigned channels = 16;
-	unsigned paths = 4; // paths=: data connections per donor, shared by the channels
+	unsigned paths = 0; // paths=: data connections per donor (0: one per channel; fewer: shared)
 	unsigned replicas = 0; // 0: default (2 with two or more servers, else 1)
 	std::chrono::milliseconds timeout{10000};
 	std::shared_ptr<const AuthKey> auth_key; // auth-key=; null only with insecure=true

@@ -427,7 +427,7 @@ static int start_serving()
 		VolumeOptions vo;
 		vo.size = g_cfg.size;
 		vo.channels = g_cfg.channels;
-		vo.paths = g_cfg.paths;
+		vo.paths = g_cfg.paths ? g_cfg.paths : g_cfg.channels;
 		vo.timeout = g_cfg.timeout;
 		vo.replicas = g_cfg.replicas;
 		vo.missing_servers = plan.missing;

@@ -61,8 +61,9 @@ struct VolumeOptions {
 	// a request takes one that is free (each has a lock), else waits for its channel's
 	// usual one (channel index % paths), up to the timeout. A donor carries
 	// min(paths, channels) + 1 of them per volume (the one more: the repair thread's),
-	// whatever `channels` is. 1..1024.
-	unsigned paths = 4;
+	// whatever `channels` is. 1..1024; the default: one per default channel, none shared
+	// (docs/performance.md, "Issue 28": sharing costs a wake-up per request).
+	unsigned paths = 16;
 	// Registered bounce buffer per channel; requests larger than this are split.
 	size_t buffer_size = 256 * 1024;
 	// Bound on every wait of one operation: a data round trip, a control call, a channel or
