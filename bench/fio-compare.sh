@@ -5,8 +5,8 @@
 #   topology as rdmaswap: client -> Unix socket -> nbdkit -> TCP -> server; what a user without
 #   rdmaswap would run);
 # - memory: nbdkit's memory plugin alone (the cost of NBD itself, on the client side);
-# - base (BASE=DIR): rdmaswap of another build directory (a commit's build), so a regression
-#   shows against the project's own best in the same run;
+# - base (BASE=DIR, or several NAME=DIR): rdmaswap of other build directories (commits' builds),
+#   so a regression shows against the project's own best in the same run;
 # - variants (VARIANTS=...): this build with other settings (are the defaults the best?).
 # All are served on Unix sockets and driven by fio's NBD engine, one after the other for each
 # row and repetition (the targets' order rotates by repetition), and every column is the median
@@ -35,7 +35,8 @@
 #   THREADS=16          nbdkit --threads, for every front nbdkit
 #   RDMASWAP_ARGS=      extra plugin parameters, e.g. "paths=16"
 #   MEMSERVER_ARGS=     extra memserver options, e.g. "--threads 16"
-#   BASE=DIR            another build directory: target "base" (BASE_ARGS=, BASE_MEMSERVER_ARGS=
+#   BASE=DIR            another build directory: target "base"; or "NAME=DIR NAME=DIR ...":
+#                       one target per directory (BASE_ARGS=, BASE_MEMSERVER_ARGS=
 #                       its plugin parameters and memserver options)
 #   VARIANTS="NAME=PLUGIN ARGS|MEMSERVER ARGS|ENV;..."  this build again with other settings
 #                       (ENV: VAR=VALUE words for the front nbdkit), e.g.
@@ -85,10 +86,16 @@ check_build() {
     done
 }
 check_build "$build"
-if [[ -n $BASE ]]; then
-    BASE=$(cd "$BASE" && pwd)
-    check_build "$BASE"
-fi
+declare -A base_dir
+bases=()
+for b in $BASE; do
+    bname=base bdir=$b
+    [[ $b == *=* ]] && bname=${b%%=*} bdir=${b#*=}
+    [[ $bname =~ ^[a-z0-9][a-z0-9_.-]*$ && -z ${base_dir[$bname]:-} ]] || { echo "$0: BASE: NAME=DIR, names unique" >&2; exit 2; }
+    base_dir[$bname]=$(cd "$bdir" && pwd)
+    check_build "${base_dir[$bname]}"
+    bases+=("$bname")
+done
 
 ncpu=$(nproc)
 case $MODE in
@@ -167,10 +174,10 @@ start_rdmaswap() {
 declare -A describe
 describe[rdmaswap]="this build${RDMASWAP_ARGS:+, plugin: $RDMASWAP_ARGS}${MEMSERVER_ARGS:+, memserver: $MEMSERVER_ARGS}"
 start_rdmaswap rdmaswap "$build" "$RDMASWAP_ARGS" "$MEMSERVER_ARGS"
-if [[ -n $BASE ]]; then
-    describe[base]="$BASE$(git -C "$BASE" describe --always 2>/dev/null | sed 's/^/ /' || true)${BASE_ARGS:+, plugin: $BASE_ARGS}${BASE_MEMSERVER_ARGS:+, memserver: $BASE_MEMSERVER_ARGS}"
-    start_rdmaswap base "$BASE" "$BASE_ARGS" "$BASE_MEMSERVER_ARGS"
-fi
+for b in "${bases[@]}"; do
+    describe[$b]="${base_dir[$b]}${BASE_ARGS:+, plugin: $BASE_ARGS}${BASE_MEMSERVER_ARGS:+, memserver: $BASE_MEMSERVER_ARGS}"
+    start_rdmaswap "$b" "${base_dir[$b]}" "$BASE_ARGS" "$BASE_MEMSERVER_ARGS"
+done
 if [[ -n $VARIANTS ]]; then
     IFS=';' read -r -a vlist <<<"$VARIANTS"
     for v in "${vlist[@]}"; do
