@@ -6,7 +6,7 @@
 # engine (one connection) for ROW_SECONDS per row; the plugin's status file is read before and
 # after each row. Prints per request: work requests posted, doorbells (ibv_post_send), CQ polls
 # and the empty ones, completions, arms and sleeps on the completion channel, batches, and
-# nbdkit's CPU microseconds. What it runs: tests/vm/README.md, "Data path accounting"; the
+# nbdkit's and the memserver's CPU microseconds. What it runs: tests/vm/README.md, "Data path accounting"; the
 # figures: docs/performance.md, "RDMA path accounting".
 #
 # Usage: bench/rdma-accounting.sh BUILD_DIR
