@@ -242,8 +242,10 @@ private:
 	// worker hands it back.
 	void finish(Conn &c, bool reset = false);
 	// The deadlines of every connection (handshake, message, reply), every kTick; of a
-	// parked one, its queued replies'.
-	void check_deadlines();
+	// parked one, its queued replies'. True if one of them is still running (a handshake,
+	// a message partly received, a reply queued): false lets the loop sleep without a tick
+	// until its next event (an idle donor's loops cost no wake-ups).
+	bool check_deadlines();
 	// Its first queued reply was not taken within the message timeout: warn, finish.
 	void slow_reader(Conn &c);
 

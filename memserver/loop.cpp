@@ -177,6 +177,8 @@ void Memserver::Loop::run()
 {
 	epoll_event ev[kEvents];
 	auto next_tick = Clock::now() + kTick;
+	// No deadline runs (check_deadlines) and no event came since: sleep until the next one.
+	bool quiet = false;
 	for (;;) {
 		if (m_.stop_.load()) {
 			// Close every connection; a parked one (its socket closed, its replies'
@@ -192,10 +194,16 @@ void Memserver::Loop::run()
 		const auto wait = std::chrono::duration_cast<std::chrono::milliseconds>(next_tick -
 											Clock::now());
 		const int n = epoll_wait(ep_.get(), ev, kEvents,
-					 again_.empty() ? int(std::clamp<long long>(wait.count(), 0,
-										   ms(kTick)))
-							: 0);
+					 !again_.empty() ? 0
+					 : quiet	 ? -1
+							 : int(std::clamp<long long>(wait.count(), 0,
+										     ms(kTick))));
 		now_ = Clock::now();
+		if (quiet) {
+			// Woken by an event after a sleep without ticks: the deadlines run from now.
+			quiet = false;
+			next_tick = now_ + kTick;
+		}
 		if (n < 0 && errno != EINTR) {
 			logger("memserver")->error("epoll_wait: {}", err_text(errno));
 			std::this_thread::sleep_for(kTick); // not a spin
@@ -226,7 +234,7 @@ void Memserver::Loop::run()
 		retry_.clear();
 		dead_.clear();
 		if (now_ >= next_tick) {
-			check_deadlines();
+			quiet = n == 0 && again_.empty() && !check_deadlines();
 			dead_.clear();
 			next_tick = now_ + kTick;
 		}
@@ -746,19 +754,22 @@ void Memserver::Loop::finish(Conn &c, bool reset)
 	m_.connection_closed(dead_.back());
 }
 
-void Memserver::Loop::check_deadlines()
+bool Memserver::Loop::check_deadlines()
 {
 	const auto &o = m_.opts_;
+	bool running = false;
 	for (size_t i = conns_.size(); i-- > 0;) {
 		Conn &c = *conns_[i];
 		// A parked connection: a worker applies its control request (its waits are
 		// bounded), and nothing is read meanwhile, so only the replies queued before it
-		// are checked: they hold slab accesses.
+		// are checked: they hold slab accesses. Its worker hands it back with an event.
 		if (c.parked && (c.cut || !c.tx_count))
 			continue;
 		if (c.parked) {
 			if (now_ >= c.tx[c.tx_head].queued + o.message_timeout)
 				slow_reader(c);
+			else
+				running = true;
 			continue;
 		}
 		if (c.session.load(std::memory_order_relaxed) == 0 &&
@@ -778,8 +789,12 @@ void Memserver::Loop::check_deadlines()
 			finish(c, true);
 		} else if (c.tx_count && now_ >= c.tx[c.tx_head].queued + o.message_timeout) {
 			slow_reader(c);
+		} else if (c.fd.get() >= 0 && (c.session.load(std::memory_order_relaxed) == 0 ||
+					       c.msg_since != Clock::time_point{} || c.tx_count)) {
+			running = true;
 		}
 	}
+	return running;
 }
 
 void Memserver::Loop::slow_reader(Conn &c)

@@ -114,7 +114,7 @@ int run(int argc, char **argv)
 	app.add_option("--max-connections", opts.max_connections,
 		       "connections served at once; more are closed at once (default 1024)");
 	app.add_option("--threads", opts.threads,
-		       "event loops serving TCP connections (default 16; 0: one per CPU, at most 16)");
+		       "event loops serving TCP connections (default 8; 0: one per CPU, at most 16)");
 	app.add_option("--workers", opts.workers,
 		       "threads for blocking requests: registration, session changes (default 4; "
 		       "one more serves handshakes only, and one zeroes freed slabs)");

@@ -51,8 +51,9 @@ struct MemserverOptions {
 	// TCP connections and RDMA QPs open at once; one more is closed (TCP) or rejected (RDMA).
 	unsigned max_connections = 1024;
 	// --threads: event loops serving the TCP connections (0: one per CPU, at most 16). More
-	// loops than CPUs answer sooner (docs/performance.md, "Issue 28").
-	unsigned threads = 16;
+	// loops than CPUs answer sooner where clients share the CPUs; fewer cost the clients
+	// fewer wake-ups (docs/performance.md, "Issue 28": 8 is the compromise measured).
+	unsigned threads = 8;
 	// --workers: threads for the blocking requests (ALLOC, FREE, HELLO, BIND, lists, ...);
 	// one more takes handshakes only (WorkerPool::Lane).
 	unsigned workers = 4;

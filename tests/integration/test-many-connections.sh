@@ -22,7 +22,7 @@ clients=16 size_mib=8 loops=16 idle_sessions=100 per_session=3 max_threads=32
 idle=$((idle_sessions * per_session))
 # Everything comes from 127.0.0.1: the per-address limits must let it all in. The non-reader
 # must stay stuck for the whole run, not be dropped after the default 10 s. An event-driven
-# memserver runs 16 loops by default: 2 here, so that the thread bound measures what does
+# memserver runs 8 loops by default: 2 here, so that the thread bound measures what does
 # not grow with the connections.
 threads_arg=()
 "$MEMSERVER" --help 2>/dev/null | grep -q -- '--threads' && threads_arg=(--threads 2)
