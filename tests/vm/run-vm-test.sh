@@ -70,9 +70,13 @@ usage: run-vm-test.sh [--mode rdma|tcp|memory|kill|pressure|twohost] [--bench] [
                     app-B: the application table (issue 15, bench/apptable.sh): redis-server
                     (no persistence) in a cgroup, loaded with --app-keys random values, then
                     memory.max at each of --app-levels % of its working set and redis-benchmark
-                    GETs; B is the swap device: rdma|tcp (rdmaswap on /dev/nbd0), memory (nbdkit's
-                    memory plugin), zram (/dev/zram0) or disk (/dev/vda: a virtio disk on a
-                    sparse host file); report: RDMASWAP-VM-APP lines
+                    GETs; B is the swap device: rdma|tcp (rdmaswap on /dev/nbd0), proxy (nbdkit's
+                    nbd plugin on /dev/nbd0 forwarding over TCP to an nbdkit memory plugin on
+                    the VM's address), nvme-tcp|nvme-rdma (the kernel's NVMe-oF target exporting
+                    a brd RAM disk, the kernel's NVMe-oF host connected to it over TCP or
+                    Soft-RoCE: /dev/nvmeXn1), memory (nbdkit's memory plugin), zram (/dev/zram0)
+                    or disk (/dev/vda: a virtio disk on a sparse host file); report:
+                    RDMASWAP-VM-APP lines
   --app-keys N      app runs: keys loaded into redis (default 65536)
   --app-value N     app runs: bytes per value, random base64 text (default 1024)
   --app-requests N  app runs: redis-benchmark GET requests per level (default 10000)
@@ -269,7 +273,7 @@ if [ -n "$EXTRA_RUNS" ]; then
 fi
 RUNS=$(xargs <<< "$RUNS")   # trim
 has_pressure=0 has_cgroup=0 has_crypt=0 has_alloc=0 has_reconnect=0 has_soak=0 has_acct=0
-has_app=0 has_zram=0 has_disk=0 has_fence=0
+has_app=0 has_zram=0 has_disk=0 has_fence=0 has_proxy=0 has_nvme=0
 run_transports=""
 for r in $RUNS; do
     t=$r
@@ -285,12 +289,14 @@ for r in $RUNS; do
         fence-rdma) has_fence=1; run_transports+=" rdma"; continue ;;
         app-rdma|app-tcp) has_app=1; run_transports+=" ${t#app-}"; continue ;;
         app-memory) has_app=1; continue ;;
+        app-proxy) has_app=1; has_proxy=1; continue ;;
+        app-nvme-tcp|app-nvme-rdma) has_app=1; has_nvme=1; continue ;;
         app-zram) has_app=1; has_zram=1; continue ;;
         app-disk) has_app=1; has_disk=1; continue ;;
     esac
     case "$t" in pressure-*) has_pressure=1; t=${t#pressure-} ;; *) has_cgroup=1 ;; esac
     case "$t" in crypt-*) has_crypt=1; t=${t#crypt-} ;; esac
-    case "$t" in rdma|tcp|memory) run_transports+=" $t" ;; *) die "unknown swap run '$r' (want [pressure-][crypt-]rdma|tcp|memory, repkill-, backupkill-, alloc-, acct-, reattach-, persist-, reconnect- or soak-rdma|tcp, fence-rdma, or app-rdma|tcp|memory|zram|disk)" ;; esac
+    case "$t" in rdma|tcp|memory) run_transports+=" $t" ;; *) die "unknown swap run '$r' (want [pressure-][crypt-]rdma|tcp|memory, repkill-, backupkill-, alloc-, acct-, reattach-, persist-, reconnect- or soak-rdma|tcp, fence-rdma, or app-rdma|tcp|proxy|nvme-tcp|nvme-rdma|memory|zram|disk)" ;; esac
 done
 [ "$MODE" != twohost ] || has_cgroup=1
 case "$MODE" in kill|twohost) ;; *) [ -n "$RUNS" ] || die "no swap runs given" ;; esac
@@ -630,6 +636,8 @@ if [ "$has_app" = 1 ]; then
     add_elf "$REDIS_SERVER" /usr/bin/redis-server
     add_elf "$REDIS_CLI" /usr/bin/redis-cli
     add_elf "$REDIS_BENCHMARK" /usr/bin/redis-benchmark
+    # app-proxy: the front nbdkit's nbd plugin (with libnbd)
+    [ "$has_proxy" = 0 ] || add_elf "$NBDKIT_PLUGINDIR/nbdkit-nbd-plugin.so"
     python3 - "$APP_KEYS" "$APP_VALUE" > "$ROOT/etc/rdmaswap-vm/app-load.resp" <<'PY'
 import base64, random, sys
 keys, size = int(sys.argv[1]), int(sys.argv[2])
@@ -686,6 +694,9 @@ mods="crc32_generic nbd veth ib_uverbs rdma_ucm rdma_rxe"
 [ "$has_fence" = 0 ] || mods+=" sch_prio sch_netem cls_u32"
 [ "$has_zram" = 0 ] || mods+=" zram"
 [ "$has_disk" = 0 ] || mods+=" virtio_pci virtio_blk"
+# app-nvme-*: the NVMe-oF target and host over TCP and RDMA (configfs comes with nvmet), and brd
+# (one RAM disk of the swap size; the guest removes and loads it again between runs)
+[ "$has_nvme" = 0 ] || mods+=" nvmet nvmet-tcp nvmet-rdma nvme-fabrics nvme-tcp nvme-rdma brd"
 optmods=""
 [ "$has_crypt" = 0 ] || optmods="aesni_intel"
 for m in $mods $optmods; do
@@ -707,6 +718,12 @@ for m in $mods $optmods; do
         esac
         params=""
         [ "$m" = nbd ] && [ "${path##*/}" = nbd.ko ] && params="nbds_max=2 max_part=0"
+        if [ "$m" = brd ] && [ "${path##*/}" = brd.ko ]; then
+            case "$APP_SWAP" in
+                *G) params="rd_nr=1 rd_size=$((${APP_SWAP%G} * 1024 * 1024))" ;;
+                *M) params="rd_nr=1 rd_size=$((${APP_SWAP%M} * 1024))" ;;
+            esac
+        fi
         echo "$dst $params" >> "$list"
     done <<< "$deps"
 done

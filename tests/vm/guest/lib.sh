@@ -409,13 +409,18 @@ start_memserver() {
     say "memserver ready after $(elapsed "$_t0" "$(uptime_s)") s (pid $MS_PID)"
 }
 
+# term_within SECONDS PID: SIGTERM, then up to SECONDS for PID to exit; if it has not, SIGKILL
+# and false. The caller reaps it (wait).
+term_within() {
+    kill -TERM "$2" 2>/dev/null
+    wait_until "$1" eval "! alive $2" && return 0
+    kill -9 "$2" 2>/dev/null
+    return 1
+}
+
 stop_memserver() {
     [ -n "$MS_PID" ] || return 0
-    kill -TERM "$MS_PID" 2>/dev/null
-    if ! wait_until 30 eval '! alive $MS_PID'; then
-        kill -9 "$MS_PID" 2>/dev/null
-        fail "memserver did not exit within 30 s of SIGTERM"
-    fi
+    term_within 30 "$MS_PID" || fail "memserver did not exit within 30 s of SIGTERM"
     wait "$MS_PID"
     _rc=$?
     MS_PID=""
@@ -464,11 +469,7 @@ start_nbdkit() {
 
 stop_nbdkit() {
     [ -n "$NBDKIT_PID" ] || return 0
-    kill -TERM "$NBDKIT_PID" 2>/dev/null
-    if ! wait_until 30 eval '! alive $NBDKIT_PID'; then
-        kill -9 "$NBDKIT_PID" 2>/dev/null
-        fail "nbdkit did not exit within 30 s of SIGTERM"
-    fi
+    term_within 30 "$NBDKIT_PID" || fail "nbdkit did not exit within 30 s of SIGTERM"
     wait "$NBDKIT_PID" 2>/dev/null   # reap it (it is our child now)
     NBDKIT_PID=""
     if [ "$NBDKIT_STATS" = 1 ] && [ -s /run/nbdkit-stats.txt ]; then

@@ -276,11 +276,7 @@ soak_hist_ready() {
 
 soak_hist_stop() {
     [ -n "$SOAK_HIST_PID" ] || return 0
-    kill -TERM "$SOAK_HIST_PID" 2>/dev/null
-    if ! wait_until 30 eval '! alive $SOAK_HIST_PID'; then
-        kill -9 "$SOAK_HIST_PID" 2>/dev/null
-        fail "[$CUR] the history export's nbdkit did not exit within 30 s of SIGTERM"
-    fi
+    term_within 30 "$SOAK_HIST_PID" || fail "[$CUR] the history export's nbdkit did not exit within 30 s of SIGTERM"
     wait "$SOAK_HIST_PID" 2>/dev/null
     SOAK_HIST_PID=""
 }
