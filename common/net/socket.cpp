@@ -175,25 +175,31 @@ int recv_some_until(int fd, iovec *iov, int iovcnt, std::chrono::steady_clock::t
 		    std::chrono::milliseconds slice)
 {
 	got = 0;
+	// One recvmsg with `flags`: true when it ends the call (`r`: 0 with `got` set, or the
+	// error), false when nothing came (EAGAIN: none yet, or its slice passed; EINTR).
+	int r = 0;
+	const auto ended = [&](int flags) {
+		msghdr msg{};
+		msg.msg_iov = iov;
+		msg.msg_iovlen = size_t(iovcnt);
+		const ssize_t n = ::recvmsg(fd, &msg, flags);
+		if (n > 0)
+			got = size_t(n);
+		else if (n == 0)
+			r = ECONNRESET;
+		else if (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR)
+			return false;
+		else
+			r = errno;
+		return true;
+	};
 	const auto spin_until = spin.count() ? std::chrono::steady_clock::now() + spin
 					     : std::chrono::steady_clock::time_point{};
 	// `tried`: a non-blocking recvmsg came first (not when waiting first without a spin).
 	for (bool tried = !wait_first || spin.count();; tried = true) {
 		if (tried) {
-			msghdr msg{};
-			msg.msg_iov = iov;
-			msg.msg_iovlen = size_t(iovcnt);
-			const ssize_t n = ::recvmsg(fd, &msg, MSG_DONTWAIT);
-			if (n > 0) {
-				got = size_t(n);
-				return 0;
-			}
-			if (n == 0)
-				return ECONNRESET;
-			if (errno == EINTR)
-				continue;
-			if (errno != EAGAIN && errno != EWOULDBLOCK)
-				return errno;
+			if (ended(MSG_DONTWAIT))
+				return r;
 			if (spin.count()) {
 				// Busy-poll: try again at once while the spin lasts (and the
 				// deadline, and no stop request).
@@ -206,20 +212,9 @@ int recv_some_until(int fd, iovec *iov, int iovcnt, std::chrono::steady_clock::t
 		// Wait: blocking in recvmsg a slice at a time while a whole one is left (see the
 		// header), then poll for the rest.
 		while (slice.count() > 0 && !stop_requested() &&
-		       deadline - std::chrono::steady_clock::now() >= slice) {
-			msghdr msg{};
-			msg.msg_iov = iov;
-			msg.msg_iovlen = size_t(iovcnt);
-			const ssize_t n = ::recvmsg(fd, &msg, 0);
-			if (n > 0) {
-				got = size_t(n);
-				return 0;
-			}
-			if (n == 0)
-				return ECONNRESET;
-			if (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR)
-				return errno;
-		}
+		       deadline - std::chrono::steady_clock::now() >= slice)
+			if (ended(0))
+				return r;
 		// Past the deadline wait_ready says ETIMEDOUT without looking: try the recvmsg once
 		// anyway if it was not tried yet (the bytes may have come while the caller waited on
 		// another peer).

@@ -65,7 +65,7 @@ int recv_all_until(int fd, void *buf, size_t len, std::chrono::steady_clock::tim
 int recv_some_until(int fd, iovec *iov, int iovcnt, std::chrono::steady_clock::time_point deadline,
 		    bool wait_first, std::chrono::nanoseconds spin, size_t &got,
 		    std::chrono::milliseconds slice = std::chrono::milliseconds{0});
-// SO_RCVTIMEO = `slice` (> 0), for recv_some_until's blocking first wait. 0 or errno.
+// SO_RCVTIMEO = `slice` (> 0), for recv_some_until's blocking waits. 0 or errno.
 int set_recv_slice(int fd, std::chrono::milliseconds slice);
 
 // Per-syscall SO_RCVTIMEO/SO_SNDTIMEO (the memserver's sockets; clients use deadlines, the TCP

@@ -24,9 +24,9 @@ namespace {
 constexpr unsigned kSlotBits = 8;
 static_assert(TcpDataPath::kMaxSharing <= (1u << kSlotBits));
 
-// The reader's first wait for replies is a blocking recvmsg of at most this long at a time
+// The reader waits for replies in blocking recvmsg calls of at most this long each
 // (recv_some_until's `slice`: one system call, not poll + recvmsg, per wake-up); a stop request
-// ends it within one slice. 0 on a connection whose SO_RCVTIMEO could not be set: poll.
+// ends a wait within one slice. 0 on a connection whose SO_RCVTIMEO could not be set: poll.
 constexpr std::chrono::milliseconds kRecvSlice{100};
 
 std::chrono::milliseconds recv_slice(const Fd &fd)
