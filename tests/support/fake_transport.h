@@ -189,6 +189,8 @@ public:
 		// Operations take effect at completion, not at post: the caller may not assume
 		// anything is done before complete() returns 0.
 		std::lock_guard lock(b_->mu);
+		if (b_->lost.load())
+			return EIO; // lost since the check above (lose_session clears the slabs)
 		for (const Op &op : batch) {
 			auto it = b_->slabs.find(op.id);
 			if (it == b_->slabs.end()) {
@@ -274,6 +276,8 @@ private:
 		}
 		{
 			std::lock_guard lock(b_->mu);
+			if (b_->lost.load())
+				return EIO; // lost since the check above: like it, not a violation
 			if (!b_->slabs.count(g.id)) {
 				b_->violations.push_back(b_->name + ": " + what +
 							 ": slab not granted");
