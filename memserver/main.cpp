@@ -1,6 +1,7 @@
 // SPDX-License-Identifier: MIT
 // rdmaswap-memserver: donate this host's memory as slabs to rdmaswap clients.
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <csignal>
 #include <memory>
@@ -23,12 +24,19 @@
 #include "memserver/server.h"
 
 namespace {
-rdmaswap::Memserver *g_server = nullptr;
+// Read by the signal handler, which may run on any thread (the Memserver's own threads start
+// before g_server is set): atomics, lock-free, so no data race and async-signal-safe. A signal
+// before the server exists is remembered and stops it once it does.
+std::atomic<rdmaswap::Memserver *> g_server{nullptr};
+std::atomic<bool> g_stop_signalled{false};
+static_assert(std::atomic<rdmaswap::Memserver *>::is_always_lock_free);
+static_assert(std::atomic<bool>::is_always_lock_free);
 
 void on_signal(int)
 {
-	if (g_server)
-		g_server->stop();
+	g_stop_signalled.store(true);
+	if (auto *server = g_server.load())
+		server->stop();
 }
 // --donor-key and --donor-cert: both or neither; the certificate must be for that key and not
 // expired. Returns 0, or the exit status after logging why.
@@ -351,7 +359,16 @@ int run(int argc, char **argv)
 	}
 	try {
 		Memserver server(opts);
-		g_server = &server;
+		// the signal handler's pointer, unset before `server` is destroyed however this
+		// block ends
+		struct Published {
+			explicit Published(Memserver &s) { g_server.store(&s); }
+			~Published() { g_server.store(nullptr); }
+			Published(const Published &) = delete;
+			Published &operator=(const Published &) = delete;
+		} published(server);
+		if (g_stop_signalled.load())
+			server.stop();
 		std::unique_ptr<Registry> registry; // before `server` goes: it reads its counts
 		if (!reg.endpoints.empty()) {
 			reg.transport = opts.transport == TransportKind::Auto && !server.rdma_enabled()
@@ -370,7 +387,6 @@ int run(int argc, char **argv)
 		server.run();
 		if (registry)
 			registry->stop(); // deregister (bounded) before the process goes
-		g_server = nullptr;
 	} catch (const std::exception &e) {
 		log->error("{}", e.what());
 		return 1;
