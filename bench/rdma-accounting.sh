@@ -14,8 +14,9 @@
 #   ROW_SECONDS=5       seconds of fio per row
 #   ROWS="..."          rows RW:BS:QD (default: 4k randread and randwrite at QD1 and QD32,
 #                       32k randread at QD8)
-#   TRANSPORTS=rdma     acct runs in this order in one boot: rdma, tcp (tcp: requests and CPU
-#                       only, for comparison)
+#   TRANSPORTS=rdma     acct runs in this order in one boot: rdma, tcp, proxy (tcp: requests
+#                       and CPU only, for comparison; proxy: the peer, nbdkit's nbd plugin to
+#                       an nbdkit memory plugin over TCP, its "donor_us" that nbdkit's CPU)
 #   LOG=                serial console log (default BUILD_DIR/vm-test-logs/rdma-accounting.log)
 # Exit status as run-vm-test.sh: 0 pass, 1 fail (a fio error, or counters that break the
 # accounting's invariants), 77 skip (no qemu or Debian kernel).
@@ -26,7 +27,7 @@ build=$(cd "$1" && pwd)
 src=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 runs=""
 for t in ${TRANSPORTS:-rdma}; do
-    case "$t" in rdma|tcp) runs+="${runs:+,}acct-$t" ;; *) echo "$0: TRANSPORTS: rdma or tcp" >&2; exit 2 ;; esac
+    case "$t" in rdma|tcp|proxy) runs+="${runs:+,}acct-$t" ;; *) echo "$0: TRANSPORTS: rdma, tcp or proxy" >&2; exit 2 ;; esac
 done
 args=(--runs "$runs" --acct-seconds "${ROW_SECONDS:-5}"
       --log "${LOG:-$build/vm-test-logs/rdma-accounting.log}" --quiet)

@@ -35,7 +35,7 @@ usage: run-vm-test.sh [--mode rdma|tcp|memory|kill|pressure|twohost] [--bench] [
                     the whole-VM pressure deadlock that real-time priority prevents (README)
   --runs L          one boot, these swap runs in order (comma-separated), then a table; a run
                     is [pressure-][crypt-]rdma|tcp|memory, e.g. pressure-rdma,pressure-tcp,crypt-rdma,
-                    or repkill-rdma|tcp, or alloc-rdma|tcp, or acct-rdma|tcp (below)
+                    or repkill-rdma|tcp, or alloc-rdma|tcp, or acct-rdma|tcp|proxy (below)
   --extra-runs L    runs added to the boot of --mode rdma|tcp|memory (after its own run) or
                     --mode kill (before the kill), same names as --runs
                     repkill-T: 3 memservers, plugin replicas=2 over T, cgroup swap, one memserver
@@ -54,9 +54,11 @@ usage: run-vm-test.sh [--mode rdma|tcp|memory|kill|pressure|twohost] [--bench] [
                     restarted, rdmaswap-nbd reconnect: every page must verify, no I/O error
                     acct-T: data path accounting (issue 13): fio's nbd engine on nbdkit with
                     the plugin over T, rows of random reads and writes; per request the
-                    WRs posted, doorbells, CQ polls (empty), completions, sleeps, batches and
-                    nbdkit CPU, from the plugin's status file (RDMASWAP-VM-ACCT lines; fio is
-                    copied into the image; bench/rdma-accounting.sh)
+                    WRs posted, doorbells, CQ polls (empty), completions, sleeps, batches,
+                    nbdkit's and the donor's CPU, from the plugin's status file
+                    (RDMASWAP-VM-ACCT lines; fio is copied into the image;
+                    bench/rdma-accounting.sh). acct-proxy: the same rows through nbdkit's
+                    nbd plugin to an nbdkit memory plugin over TCP (CPU and requests only)
                     soak-T: the fault soak (issue 11): 3 memservers over T, each on its own
                     veth link, replicas=2; swapload and a 4 KiB O_DIRECT probe of /dev/nbd0
                     every 100 ms while netem delay, netem loss, an nftables partition,
@@ -282,6 +284,7 @@ for r in $RUNS; do
         backupkill-rdma|backupkill-tcp) has_cgroup=1; run_transports+=" ${t#backupkill-}"; continue ;;
         alloc-rdma|alloc-tcp) has_alloc=1; run_transports+=" ${t#alloc-}"; continue ;;
         acct-rdma|acct-tcp) has_acct=1; run_transports+=" ${t#acct-}"; continue ;;
+        acct-proxy) has_acct=1; has_proxy=1; continue ;;
         reattach-rdma|reattach-tcp) run_transports+=" ${t#reattach-}"; continue ;;
         persist-rdma|persist-tcp) has_cgroup=1; run_transports+=" ${t#persist-}"; continue ;;
         reconnect-rdma|reconnect-tcp) has_cgroup=1; has_reconnect=1; run_transports+=" ${t#reconnect-}"; continue ;;
@@ -629,6 +632,8 @@ done
 [ -z "$ETCDCTL_BIN" ] || add_elf "$ETCDCTL_BIN" /usr/bin/etcdctl
 # acct runs: fio (its nbd engine is built in; its libraries are ~80 MiB, so only then)
 [ -z "$FIO" ] || add_elf "$FIO" /usr/bin/fio
+# app-proxy and acct-proxy: the front nbdkit's nbd plugin (with libnbd)
+[ "$has_proxy" = 0 ] || add_elf "$NBDKIT_PLUGINDIR/nbdkit-nbd-plugin.so"
 # app runs: redis, and the data set as redis protocol for redis-cli --pipe: APP_KEYS SETs of
 # key:%012d (redis-benchmark -r's key names) to APP_VALUE bytes of random base64 text
 # (6 bits of entropy per byte, so that zram cannot store it for nothing; fixed seed)
@@ -636,8 +641,6 @@ if [ "$has_app" = 1 ]; then
     add_elf "$REDIS_SERVER" /usr/bin/redis-server
     add_elf "$REDIS_CLI" /usr/bin/redis-cli
     add_elf "$REDIS_BENCHMARK" /usr/bin/redis-benchmark
-    # app-proxy: the front nbdkit's nbd plugin (with libnbd)
-    [ "$has_proxy" = 0 ] || add_elf "$NBDKIT_PLUGINDIR/nbdkit-nbd-plugin.so"
     python3 - "$APP_KEYS" "$APP_VALUE" > "$ROOT/etc/rdmaswap-vm/app-load.resp" <<'PY'
 import base64, random, sys
 keys, size = int(sys.argv[1]), int(sys.argv[2])

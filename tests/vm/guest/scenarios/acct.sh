@@ -1,12 +1,14 @@
 # SPDX-License-Identifier: MIT
 # shellcheck shell=sh
-# acct-T (issue 13, "RDMA path accounting"): memserver + nbdkit with the plugin over T, the
-# device filled once, then per row of ACCT_ROWS (RW:BS:QD) ACCT_SECONDS of fio (nbd engine on
+# acct-T (issue 13, "RDMA path accounting"): memserver + nbdkit with the plugin over T (or, for
+# T=proxy, the peer users would run instead: nbdkit's nbd plugin forwarding over TCP to an nbdkit
+# memory plugin, the "donor" of the row; scenarios/app.sh starts it), the device filled once, then per row of ACCT_ROWS (RW:BS:QD) ACCT_SECONDS of fio (nbd engine on
 # nbdkit's socket, one connection, random offsets); the plugin's status file (io_requests,
 # data_batches, rdma_*) and nbdkit's CPU time are read before and after each row, and the
 # differences printed per request as RDMASWAP-VM-ACCT lines (bench/rdma-accounting.sh), with the
 # memserver's CPU per request beside nbdkit's (issue 28: over RDMA the donor's CPU does no work
-# per request). Fails if a row saw an error, or (rdma) if the accounting is off: no request
+# per request). The proxy has no status file: its requests are fio's (bytes / block size) and
+# its counter columns are 0. Fails if a row saw an error, or (rdma) if the accounting is off: no request
 # counted, more doorbells than requests (each request here is one batch), a completion count
 # that is not one per doorbell, or a memserver that spent a tenth of nbdkit's CPU or more.
 #
@@ -16,13 +18,13 @@ acct_snapshot() {   # acct_snapshot FILE: the status file's counters, nbdkit's a
     # the plugin rewrites the status every second: wait past the next write, so that nothing
     # the last fio row did is missing
     sleep 2
-    { grep -E '^(io_|data_|rdma_)' "$STATUSFILE"; echo "cpu_s=$(cpu_s "$NBDKIT_PID")"
-      echo "ms_cpu_s=$(cpu_s "$MS_PID")"; } > "$1"
+    { [ "$_t" = proxy ] || grep -E '^(io_|data_|rdma_)' "$STATUSFILE"
+      echo "cpu_s=$(cpu_s "$NBDKIT_PID")"; echo "ms_cpu_s=$(cpu_s "$_donor_pid")"; } > "$1"
 }
 
 acct_value() { sed -n "s/.* $1=\([0-9]*\).*/\1/p" /run/acct-raw; }   # acct_value KEY
 
-acct_run() {   # acct_run tcp|rdma
+acct_run() {   # acct_run tcp|rdma|proxy
     _t=$1
     CUR=acct-$_t
     _r0=$(uptime_s)
@@ -32,12 +34,22 @@ acct_run() {   # acct_run tcp|rdma
     CAPACITY=$ACCT_SIZE
     : > /run/nbdkit.log
     rm -f "$STATUSFILE"
-    start_memserver "$_t"
+    if [ "$_t" = proxy ]; then
+        _aswap=$APP_SWAP
+        APP_SWAP=$ACCT_SIZE
+        app_back_start
+        APP_SWAP=$_aswap
+        _donor_pid=$APP_BACK_PID
+        start_nbdkit nbd "hostname=$ADDR" "port=$PORT"
+    else
+        start_memserver "$_t"
+        _donor_pid=$MS_PID
+        # shellcheck disable=SC2086
+        start_nbdkit rdmaswap "server=$ADDR:$PORT" "size=$ACCT_SIZE" "transport=$_t" \
+            "auth-key=$AUTH_KEY" "statusfile=$STATUSFILE" $PLUGIN_ARGS
+        wait_until 10 test -s "$STATUSFILE" || fail "[$CUR] the plugin wrote no $STATUSFILE within 10 s"
+    fi
     CAPACITY=$_cap
-    # shellcheck disable=SC2086
-    start_nbdkit rdmaswap "server=$ADDR:$PORT" "size=$ACCT_SIZE" "transport=$_t" \
-        "auth-key=$AUTH_KEY" "statusfile=$STATUSFILE" $PLUGIN_ARGS
-    wait_until 10 test -s "$STATUSFILE" || fail "[$CUR] the plugin wrote no $STATUSFILE within 10 s"
     _uri="nbd+unix:///?socket=$SOCK"
     # every slab granted and written first: reads hit the donor, writes allocate nothing
     _t0=$(uptime_s)
@@ -59,17 +71,23 @@ acct_run() {   # acct_run tcp|rdma
         _rc=$?
         [ "$_rc" = 0 ] || { cat /run/fio-row.out; fail "[$CUR] fio $_row failed (exit $_rc)"; }
         acct_snapshot /run/acct-after
-        # terse v3: field 5 the error, 8 read IOPS, 49 write IOPS
+        # terse v3: field 5 the error, 6 and 47 KiB read and written, 8 read IOPS, 49 write IOPS
         _iops=$(awk -F';' '/^3;/ { if ($5 != 0) print "error"; else print $8 + $49 }' /run/fio-row.out)
         case "$_iops" in ""|error) cat /run/fio-row.out; fail "[$CUR] fio $_row reported an error" ;; esac
+        case "$_bs" in
+            *[kK]) _bs_kib=${_bs%[kK]} ;;
+            *[mM]) _bs_kib=$((${_bs%[mM]} * 1024)) ;;
+            *) _bs_kib=$((_bs / 1024)) ;;
+        esac
+        _fio_req=$(awk -F';' -v bs="$_bs_kib" '/^3;/ { printf "%d", ($6 + $47) / bs }' /run/fio-row.out)
         # /run/acct.txt: ROW REQUESTS IOPS, then per request: POSTS DOORBELLS POLLS EMPTY
         # COMPLETIONS ARMS SLEEPS BATCHES CPU-US DONOR-CPU-US; /run/acct-raw: the row's raw
         # differences
-        awk -F= -v row="$_row" -v iops="$_iops" '
+        awk -F= -v row="$_row" -v iops="$_iops" -v fio_req="$_fio_req" -v t="$_t" '
             FILENAME == "/run/acct-before" { a[$1] = $2; next }
             { d[$1] = $2 - a[$1] }
             END {
-                r = d["io_requests"]
+                r = t == "proxy" ? fio_req : d["io_requests"]
                 printf "raw %s requests=%d batches=%d posts=%d doorbells=%d polls=%d empty=%d completions=%d arms=%d sleeps=%d cpu_s=%.2f ms_cpu_cs=%d nbdkit_cpu_cs=%d\n",
                     row, r, d["data_batches"], d["rdma_posts"], d["rdma_doorbells"], d["rdma_polls"],
                     d["rdma_polls_empty"], d["rdma_completions"], d["rdma_arms"], d["rdma_sleeps"],
@@ -102,7 +120,7 @@ acct_run() {   # acct_run tcp|rdma
         awk '{ printf "%-16s %8d %6d %6s %6s %7s %7s %6s %6s %6s %7s %7d %9d\n", $1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13 }' /run/acct.txt
     } | sed 's/^/RDMASWAP-VM-ACCT: /'
     stop_nbdkit
-    stop_memserver
+    if [ "$_t" = proxy ]; then app_back_stop; else stop_memserver; fi
     check_dmesg
     say "[$CUR] PASS: accounting of $(wc -l < /run/acct.txt) rows; whole run $(elapsed "$_r0" "$(uptime_s)") s"
 }
