@@ -1,16 +1,17 @@
 # SPDX-License-Identifier: MIT
 # shellcheck shell=sh
 # acct-T (issue 13, "RDMA path accounting"): memserver + nbdkit with the plugin over T (or, for
-# T=proxy, the peer users would run instead: nbdkit's nbd plugin forwarding over TCP to an nbdkit
-# memory plugin, the "donor" of the row; scenarios/app.sh starts it), the device filled once, then per row of ACCT_ROWS (RW:BS:QD) ACCT_SECONDS of fio (nbd engine on
-# nbdkit's socket, one connection, random offsets); the plugin's status file (io_requests,
-# data_batches, rdma_*) and nbdkit's CPU time are read before and after each row, and the
-# differences printed per request as RDMASWAP-VM-ACCT lines (bench/rdma-accounting.sh), with the
-# memserver's CPU per request beside nbdkit's (issue 28: over RDMA the donor's CPU does no work
-# per request). The proxy has no status file: its requests are fio's (bytes / block size) and
-# its counter columns are 0. Fails if a row saw an error, or (rdma) if the accounting is off: no request
-# counted, more doorbells than requests (each request here is one batch), a completion count
-# that is not one per doorbell, or a memserver that spent a tenth of nbdkit's CPU or more.
+# T=proxy, the peer users would run instead: nbdkit's nbd plugin forwarding over TCP to an
+# nbdkit memory plugin, the row's "donor", started as scenarios/app.sh does), the device filled
+# once, then per row of ACCT_ROWS (RW:BS:QD) ACCT_SECONDS of fio (nbd engine on nbdkit's socket,
+# one connection, random offsets); the plugin's status file (io_requests, data_batches, rdma_*)
+# and nbdkit's CPU time are read before and after each row, and the differences printed per
+# request as RDMASWAP-VM-ACCT lines (bench/rdma-accounting.sh), with the memserver's CPU per
+# request beside nbdkit's (issue 28: over RDMA the donor's CPU does no work per request). The
+# proxy has no status file: its requests are fio's (bytes / block size) and its counter columns
+# are 0. Fails if a row saw an error, or (rdma) if the accounting is off: no request counted,
+# more doorbells than requests (each request here is one batch), a completion count that is not
+# one per doorbell, or a memserver that spent a tenth of nbdkit's CPU or more.
 #
 # Sourced by /init (tests/vm/guest-init.sh) after guest/lib.sh and guest/boot.sh.
 
