@@ -11,11 +11,8 @@
 #                   (functions.sh preloads libtsan into nbdkit only and drops its --swap); any
 #                   TSan report fails the test.
 # To save wall time the extra build dirs are compiled at low priority, one after the other, while
-# the main tests run, except the VM tests (suite vm, last): qemu's two vCPUs on two cores slow
-# down far more than their share when anything else runs (a guest vCPU preempted while it holds
-# a lock stalls the other), so the builds are stopped (SIGSTOP) while they run. Each phase's
-# tests start once the main tests are done and its own build is (the later builds go on beside
-# them, still at low priority). The ASan and TSan tests run side by
+# the main tests run; each phase's tests start once the main tests are done and its own build is
+# (the later builds go on beside them, still at low priority). The ASan and TSan tests run side by
 # side (each one test at a time); the fuzzers (side by side) after them. As root in CI (or with
 # RDMASWAP_TEST_DEB_INSTALL=1) the Debian packages are built there too (tools/build-debs.sh,
 # into BUILD_DIR-deb), and test-deb (suite deb) runs with them after the main tests.
@@ -128,41 +125,15 @@ if [ "$extra" != 0 ]; then
 	) >"$extra_log" 2>&1 &
 	extra_pid=$!
 fi
-# signal_tree SIG PID: SIG to PID, then to each of its descendants, parents first (ninja puts
-# each compiler in a process group of its own, so a group signal would miss them; a stopped
-# parent starts no new child while its children are listed)
-signal_tree() {
-	local c
-	kill "-$1" "$2" 2>/dev/null || return 0
-	for c in $(ps -o pid= --ppid "$2"); do
-		signal_tree "$1" "$c"
-	done
-}
-# pause_builds STOP|CONT: stop or continue the background builds
-pause_builds() {
-	[ "$extra" != 0 ] && kill -0 "$extra_pid" 2>/dev/null || return 0
-	signal_tree "$1" "$extra_pid"
-	echo "==== extra builds: SIG$1"
-}
 if [ $main_built = 1 ]; then
-	nodeb=()
-	[ "$debs_bg" = 1 ] && nodeb=(--no-suite deb)
-	# (copies: the runs below write the same build dir's testlog.json)
-	if [ $# = 0 ]; then
-		# every test: the host tests, then the VM tests alone (the deb suite later, once its
-		# packages are built)
-		run_tests main "$build" "${nodeb[@]}" --no-suite vm || rc=1
-		cp "$build/meson-logs/testlog.json" "$build/meson-logs/testlog-main.json" 2>/dev/null
-		pause_builds STOP
-		run_tests vm "$build" "${nodeb[@]}" --suite vm || rc=1
-		pause_builds CONT
-		cp "$build/meson-logs/testlog.json" "$build/meson-logs/testlog-vm.json" 2>/dev/null
-		logs+=("$build/meson-logs/testlog-main.json" "$build/meson-logs/testlog-vm.json")
+	if [ "$debs_bg" = 1 ]; then
+		run_tests main "$build" "$@" --no-suite deb || rc=1
 	else
-		run_tests main "$build" "$@" "${nodeb[@]}" || rc=1
-		cp "$build/meson-logs/testlog.json" "$build/meson-logs/testlog-main.json" 2>/dev/null
-		logs+=("$build/meson-logs/testlog-main.json")
+		run_tests main "$build" "$@" || rc=1
 	fi
+	# (a copy: the deb run below writes the same build dir's testlog.json)
+	cp "$build/meson-logs/testlog.json" "$build/meson-logs/testlog-main.json" 2>/dev/null
+	logs+=("$build/meson-logs/testlog-main.json")
 fi
 if [ "$extra" != 0 ]; then
 	start=$SECONDS
