@@ -16,7 +16,7 @@
 #                       32k randread at QD8)
 #   TRANSPORTS=rdma     acct runs in this order in one boot: rdma, tcp, proxy (tcp: requests
 #                       and CPU only, for comparison; proxy: the peer, nbdkit's nbd plugin to
-#                       an nbdkit memory plugin over TCP, its "donor_us" that nbdkit's CPU)
+#                       an nbdkit memory plugin over TCP; its donor_us is the back nbdkit's CPU)
 #   LOG=                serial console log (default BUILD_DIR/vm-test-logs/rdma-accounting.log)
 # Exit status as run-vm-test.sh: 0 pass, 1 fail (a fio error, or counters that break the
 # accounting's invariants), 77 skip (no qemu or Debian kernel).
