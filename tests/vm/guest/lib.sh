@@ -287,12 +287,12 @@ cpu_s() { stat_fields "/proc/$1/stat" | awk '{ printf "%.2f", ($13 + $14) / 100 
 # "tid:policy" words (empty when all are)
 not_realtime() { stat_fields /proc/"$1"/task/*/stat | awk '$40 != 2 { print $1 ":" $40 }'; }
 
-# size_kib 384M|1G|...: KiB
+# size_kib 384M|1G|4k|...: KiB (either case: fio's block sizes are lower case)
 size_kib() {
     case "$1" in
-        *G) echo $((${1%G} * 1024 * 1024)) ;;
-        *M) echo $((${1%M} * 1024)) ;;
-        *K) echo "${1%K}" ;;
+        *[gG]) echo $((${1%[gG]} * 1024 * 1024)) ;;
+        *[mM]) echo $((${1%[mM]} * 1024)) ;;
+        *[kK]) echo "${1%[kK]}" ;;
         *) echo $(($1 / 1024)) ;;
     esac
 }

@@ -36,10 +36,7 @@ acct_run() {   # acct_run tcp|rdma|proxy
     : > /run/nbdkit.log
     rm -f "$STATUSFILE"
     if [ "$_t" = proxy ]; then
-        _aswap=$APP_SWAP
-        APP_SWAP=$ACCT_SIZE
-        app_back_start
-        APP_SWAP=$_aswap
+        app_back_start "$ACCT_SIZE"
         _donor_pid=$APP_BACK_PID
         start_nbdkit nbd "hostname=$ADDR" "port=$PORT"
     else
@@ -75,12 +72,7 @@ acct_run() {   # acct_run tcp|rdma|proxy
         # terse v3: field 5 the error, 6 and 47 KiB read and written, 8 read IOPS, 49 write IOPS
         _iops=$(awk -F';' '/^3;/ { if ($5 != 0) print "error"; else print $8 + $49 }' /run/fio-row.out)
         case "$_iops" in ""|error) cat /run/fio-row.out; fail "[$CUR] fio $_row reported an error" ;; esac
-        case "$_bs" in
-            *[kK]) _bs_kib=${_bs%[kK]} ;;
-            *[mM]) _bs_kib=$((${_bs%[mM]} * 1024)) ;;
-            *) _bs_kib=$((_bs / 1024)) ;;
-        esac
-        _fio_req=$(awk -F';' -v bs="$_bs_kib" '/^3;/ { printf "%d", ($6 + $47) / bs }' /run/fio-row.out)
+        _fio_req=$(awk -F';' -v bs="$(size_kib "$_bs")" '/^3;/ { printf "%d", ($6 + $47) / bs }' /run/fio-row.out)
         # /run/acct.txt: ROW REQUESTS IOPS, then per request: POSTS DOORBELLS POLLS EMPTY
         # COMPLETIONS ARMS SLEEPS BATCHES CPU-US DONOR-CPU-US; /run/acct-raw: the row's raw
         # differences

@@ -42,14 +42,16 @@ app_fail() {
 
 # proxy: nbdkit's memory plugin as the "remote" side, on this VM's address and the memserver's
 # port (where the tcp backend's memserver listens), with the memory backend's flags (--swap,
-# allocator=malloc,mlock=true: allocated and locked at start, like the memserver's capacity)
+# allocator=malloc,mlock=true: allocated and locked at start, like the memserver's capacity).
+# app_back_start [SIZE]: SIZE defaults to APP_SWAP
 app_back_start() {
+    _bsize=${1:-$APP_SWAP}
     rm -f "$APP_BACK_PIDFILE"
     : > "$APP_BACK_LOG"
-    say "[$CUR] starting the back end: nbdkit --swap -f -i $ADDR -p $PORT memory $APP_SWAP allocator=malloc,mlock=true"
+    say "[$CUR] starting the back end: nbdkit --swap -f -i $ADDR -p $PORT memory $_bsize allocator=malloc,mlock=true"
     # shellcheck disable=SC3045  # busybox ash has ulimit -s
     (ulimit -s 1024; exec nbdkit --swap -f --log=stderr -P "$APP_BACK_PIDFILE" -i "$ADDR" -p "$PORT" \
-        memory "$APP_SWAP" allocator=malloc,mlock=true) >> "$APP_BACK_LOG" 2>&1 &
+        memory "$_bsize" allocator=malloc,mlock=true) >> "$APP_BACK_LOG" 2>&1 &
     APP_BACK_PID=$!
     echo -1000 > "/proc/$APP_BACK_PID/oom_score_adj" 2>/dev/null
     # nbdkit writes its pidfile once it listens
