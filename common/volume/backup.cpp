@@ -25,6 +25,7 @@ namespace {
 constexpr char kMagic[16] = "rdmaswap-backup";
 constexpr uint32_t kVersion = 1;
 constexpr size_t kNameMax = 256;
+constexpr uint64_t kMaxRanges = 65536; // read()'s ranges (Backup::range_seq_)
 // The header: fixed fields, then the live bitmap; the volume's bytes start at the next 4 KiB.
 struct HeaderFixed {
 	char magic[16];
@@ -120,6 +121,13 @@ Backup::Backup(const BackupOptions &o)
 	live_at_close_.assign(bitmap, 0);
 	live_.assign(bitmap, 0);
 	untrusted_ = std::make_unique<std::atomic<uint64_t>[]>((nslabs_ + 63) / 64);
+	// Ranges of at least a chunk (a put's largest), at most kMaxRanges of them (a 64 GiB
+	// volume: 1 MiB ranges, 512 KiB of counters).
+	while ((uint64_t(1) << range_shift_) < chunk_ ||
+	       ((size_ - 1) >> range_shift_) + 1 > kMaxRanges)
+		range_shift_++;
+	nranges_ = ((size_ - 1) >> range_shift_) + 1;
+	range_seq_ = std::make_unique<std::atomic<uint64_t>[]>(nranges_);
 	fd_ = open_file(path_);
 	try {
 		struct stat st;
@@ -347,6 +355,7 @@ void Backup::publish(Queue &q, Entry &e)
 	// The sequence number is taken last: everything queued before it (by any thread) has a
 	// lower one, and the writer applies them in that order.
 	e.seq = seq_.fetch_add(1) + 1;
+	note_queued(e.offset, e.len, e.seq);
 	q.head.store(q.head.load(std::memory_order_relaxed) + 1, std::memory_order_release);
 	published_.fetch_add(1);
 	if (writer_sleeping_.load())
@@ -395,10 +404,37 @@ int Backup::punch(uint64_t offset, uint64_t len, std::chrono::steady_clock::time
 	return 0;
 }
 
+void Backup::note_queued(uint64_t offset, uint64_t len, uint64_t seq)
+{
+	if (len == 0 || offset >= size_)
+		return;
+	const uint64_t last = std::min(size_ - 1, offset + len - 1) >> range_shift_;
+	for (uint64_t r = offset >> range_shift_; r <= last; r++) {
+		// (entries of several threads may note the same range in either order: keep the
+		// highest)
+		uint64_t cur = range_seq_[r].load();
+		while (cur < seq && !range_seq_[r].compare_exchange_weak(cur, seq)) {
+		}
+	}
+}
+
+uint64_t Backup::last_queued(uint64_t offset, uint64_t len) const
+{
+	uint64_t seq = 0;
+	if (len == 0 || offset >= size_)
+		return 0;
+	const uint64_t last = std::min(size_ - 1, offset + len - 1) >> range_shift_;
+	for (uint64_t r = offset >> range_shift_; r <= last; r++)
+		seq = std::max(seq, range_seq_[r].load());
+	return seq;
+}
+
 int Backup::read(std::byte *buf, uint32_t len, uint64_t offset,
 		 std::chrono::steady_clock::time_point until)
 {
-	const uint64_t target = seq_.load();
+	// A write acknowledged before this read noted its range before put() returned; what is
+	// queued for other ranges (under swap, the queue keeps growing) is not waited for.
+	const uint64_t target = last_queued(offset, len);
 	if (broken())
 		return EIO;
 	if (written_.load() < target &&
@@ -406,6 +442,17 @@ int Backup::read(std::byte *buf, uint32_t len, uint64_t offset,
 		logger("backup")->debug("backup: a read waited for the queue beyond the timeout");
 		return EIO;
 	}
+	// A write that failed in the file (applied while this read waited) left its slabs with
+	// older bytes there: those are never returned.
+	if (len)
+		for (uint64_t s = offset / slab_size_; s <= (offset + len - 1) / slab_size_ && s < nslabs_;
+		     s++)
+			if (!trusted(s)) {
+				logger("backup")->debug("backup: slab {} is no longer backed: its read "
+							"fails",
+							s);
+				return EIO;
+			}
 	if (!pread_all(fd_, buf, len, data_off_ + offset)) {
 		logger("backup")->error("backup {}: read of {} bytes at {} failed: {}", path_, len,
 					offset, err_text(errno));

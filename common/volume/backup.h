@@ -21,8 +21,12 @@
 // - punch(offset, len, until): queues "this range reads as zeros" (a trim); any thread.
 // - The writer thread applies the entries in the order of the calls that queued them (one
 //   sequence over all queues), so a later write of a range always wins.
-// - read(buf, len, offset, until): waits until everything queued before the call is in the
-//   file, then reads it. 0, or EIO (the wait timed out, or the file failed).
+// - read(buf, len, offset, until): waits until every entry queued before the call that
+//   touches the range's bytes is in the file (the file is tracked in ranges of at least
+//   `chunk` bytes: a read waits for the entries of its own ranges, and for what was queued
+//   before them, but not for later entries of other ranges), then reads it. 0, or EIO (the
+//   wait timed out, the file failed, or a slab it reads was distrusted meanwhile: a write to
+//   it failed in the file).
 // - trusted(slab): the file holds the slab's current bytes. True for every slab, except those
 //   the file failed to store (a write error: logged, counted) and those restored at start
 //   from the donors after a run whose file was not closed cleanly (distrust()). A slab
@@ -145,6 +149,10 @@ private:
 	// every waiter.
 	void writer_failed() noexcept;
 	void apply(const Queue &q, const Entry &e);
+	// The sequence number `seq` is the latest queued for [offset, offset+len) (ranges_).
+	void note_queued(uint64_t offset, uint64_t len, uint64_t seq);
+	// The latest sequence number queued for [offset, offset+len) so far.
+	uint64_t last_queued(uint64_t offset, uint64_t len) const;
 	void begin(bool fresh);
 	void zero_now(uint64_t slab);
 	void write_header(bool clean);
@@ -167,6 +175,11 @@ private:
 	MappedRegion region_; // every queue's slots (before the queues, which point into it)
 	std::vector<std::unique_ptr<Queue>> queues_; // put() queues, then punch()'s
 	TimedMutex punch_mu_;                        // punch()'s queue (slab_lock.h)
+	// The last sequence number queued for each range of 2^range_shift_ bytes of the volume
+	// (a read waits until the writer has applied it; at most kMaxRanges ranges).
+	unsigned range_shift_ = 0;
+	uint64_t nranges_ = 0;
+	std::unique_ptr<std::atomic<uint64_t>[]> range_seq_;
 	std::atomic<uint64_t> seq_{0};               // last sequence number handed out
 	std::atomic<uint64_t> written_{0};           // every entry up to this one is applied
 	std::atomic<uint64_t> published_{0};         // bumped at each publish (writer wakes)

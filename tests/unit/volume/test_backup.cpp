@@ -1,8 +1,9 @@
 // SPDX-License-Identifier: MIT
-// Unit tests for common/volume/backup: entries from several queues reach the file in the order they
-// were queued, reads wait for the queue, punches zero and re-trust a slab, the header refuses
-// another volume's file, a clean close is trusted only by the next run, and a writer thread
-// that throws fails the backup (its exception boundary).
+// Unit tests for common/volume/backup: entries from several queues reach the file in the order
+// they were queued, reads wait for what was queued for their own bytes (not for other ranges),
+// punches zero and re-trust a slab, the header refuses another volume's file, a clean close is
+// trusted only by the next run, and a writer thread that throws fails the backup (its
+// exception boundary).
 #include <catch2/catch.hpp>
 
 #include <sys/stat.h>
@@ -107,6 +108,48 @@ TEST_CASE("backup: later writes win across queues; reads wait for the queue", "[
 	REQUIRE(b.read(got.data(), uint32_t(got.size()), 1 << 20, soon()) == 0); // (waits for it)
 	CHECK(got == fill(64 * 1024, 0));
 	CHECK(b.trusted(1));
+	CHECK(b.write_errors() == 0);
+}
+
+TEST_CASE("backup: a read waits for what was queued for its own bytes, not for other ranges",
+	  "[backup]")
+{
+	TmpDir d;
+	// The writer stops before each entry while `hold` is set (10 s at most).
+	std::atomic<bool> hold{false};
+	auto o = options((d.path / "f").string());
+	o.fault = [&] {
+		for (int i = 0; i < 10000 && hold.load(); i++)
+			std::this_thread::sleep_for(1ms);
+	};
+	Backup b(o);
+	b.start(true, all, none);
+	const auto old = fill(4096, 7);
+	REQUIRE(b.put(0, 2 << 20, old.data(), 4096, soon()) == 0);
+	std::vector<std::byte> got(8192);
+	REQUIRE(b.read(got.data(), 4096, 2 << 20, soon()) == 0); // (applied: the writer is free)
+	// The writer is held with writes to [0, 4 KiB) and [128 KiB, 132 KiB) queued (64 KiB
+	// chunks: ranges of 64 KiB).
+	hold = true;
+	const auto young = fill(4096, 9);
+	REQUIRE(b.put(1, 0, young.data(), 4096, soon()) == 0);
+	REQUIRE(b.put(2, 128 << 10, young.data(), 4096, soon()) == 0);
+	auto shortly = [] { return std::chrono::steady_clock::now() + 300ms; };
+	// Another range is read at once, with the bytes it had...
+	REQUIRE(b.read(got.data(), 4096, 2 << 20, shortly()) == 0);
+	CHECK(std::vector<std::byte>(got.begin(), got.begin() + 4096) == old);
+	REQUIRE(b.read(got.data(), 4096, 64 << 10, shortly()) == 0);
+	CHECK(std::vector<std::byte>(got.begin(), got.begin() + 4096) == fill(4096, 0));
+	// ...but a read of a range with a write queued waits for it (here: beyond its deadline),
+	// and so does one that spans into such a range (64 KiB + 60 KiB, 8 KiB).
+	CHECK(b.read(got.data(), 4096, 0, shortly()) == EIO);
+	CHECK(b.read(got.data(), 8192, (64 + 60) << 10, shortly()) == EIO);
+	hold = false;
+	REQUIRE(b.read(got.data(), 4096, 0, soon()) == 0);
+	CHECK(std::vector<std::byte>(got.begin(), got.begin() + 4096) == young);
+	REQUIRE(b.read(got.data(), 8192, (64 + 60) << 10, soon()) == 0);
+	CHECK(std::vector<std::byte>(got.begin(), got.begin() + 4096) == fill(4096, 0));
+	CHECK(std::vector<std::byte>(got.begin() + 4096, got.end()) == young);
 	CHECK(b.write_errors() == 0);
 }
 
