@@ -126,8 +126,7 @@ Backup::Backup(const BackupOptions &o)
 	while ((uint64_t(1) << range_shift_) < chunk_ ||
 	       ((size_ - 1) >> range_shift_) + 1 > kMaxRanges)
 		range_shift_++;
-	nranges_ = ((size_ - 1) >> range_shift_) + 1;
-	range_seq_ = std::make_unique<std::atomic<uint64_t>[]>(nranges_);
+	range_seq_ = std::make_unique<std::atomic<uint64_t>[]>(((size_ - 1) >> range_shift_) + 1);
 	fd_ = open_file(path_);
 	try {
 		struct stat st;

@@ -149,7 +149,7 @@ private:
 	// every waiter.
 	void writer_failed() noexcept;
 	void apply(const Queue &q, const Entry &e);
-	// The sequence number `seq` is the latest queued for [offset, offset+len) (ranges_).
+	// The sequence number `seq` is the latest queued for [offset, offset+len) (range_seq_).
 	void note_queued(uint64_t offset, uint64_t len, uint64_t seq);
 	// The latest sequence number queued for [offset, offset+len) so far.
 	uint64_t last_queued(uint64_t offset, uint64_t len) const;
@@ -178,7 +178,6 @@ private:
 	// The last sequence number queued for each range of 2^range_shift_ bytes of the volume
 	// (a read waits until the writer has applied it; at most kMaxRanges ranges).
 	unsigned range_shift_ = 0;
-	uint64_t nranges_ = 0;
 	std::unique_ptr<std::atomic<uint64_t>[]> range_seq_;
 	std::atomic<uint64_t> seq_{0};               // last sequence number handed out
 	std::atomic<uint64_t> written_{0};           // every entry up to this one is applied
