@@ -403,12 +403,22 @@ int Backup::punch(uint64_t offset, uint64_t len, std::chrono::steady_clock::time
 	return 0;
 }
 
+std::pair<uint64_t, uint64_t> Backup::ranges_of(uint64_t offset, uint64_t len) const
+{
+	return {offset >> range_shift_, std::min(size_ - 1, offset + len - 1) >> range_shift_};
+}
+
+std::pair<uint64_t, uint64_t> Backup::slabs_of(uint64_t offset, uint64_t len) const
+{
+	return {offset / slab_size_, std::min(nslabs_ - 1, (offset + len - 1) / slab_size_)};
+}
+
 void Backup::note_queued(uint64_t offset, uint64_t len, uint64_t seq)
 {
 	if (len == 0 || offset >= size_)
 		return;
-	const uint64_t last = std::min(size_ - 1, offset + len - 1) >> range_shift_;
-	for (uint64_t r = offset >> range_shift_; r <= last; r++) {
+	const auto [first, last] = ranges_of(offset, len);
+	for (uint64_t r = first; r <= last; r++) {
 		// (entries of several threads may note the same range in either order: keep the
 		// highest)
 		uint64_t cur = range_seq_[r].load();
@@ -422,8 +432,8 @@ uint64_t Backup::last_queued(uint64_t offset, uint64_t len) const
 	uint64_t seq = 0;
 	if (len == 0 || offset >= size_)
 		return 0;
-	const uint64_t last = std::min(size_ - 1, offset + len - 1) >> range_shift_;
-	for (uint64_t r = offset >> range_shift_; r <= last; r++)
+	const auto [first, last] = ranges_of(offset, len);
+	for (uint64_t r = first; r <= last; r++)
 		seq = std::max(seq, range_seq_[r].load());
 	return seq;
 }
@@ -443,15 +453,16 @@ int Backup::read(std::byte *buf, uint32_t len, uint64_t offset,
 	}
 	// A write that failed in the file (applied while this read waited) left its slabs with
 	// older bytes there: those are never returned.
-	if (len)
-		for (uint64_t s = offset / slab_size_; s <= (offset + len - 1) / slab_size_ && s < nslabs_;
-		     s++)
+	if (len) {
+		const auto [first, last] = slabs_of(offset, len);
+		for (uint64_t s = first; s <= last; s++)
 			if (!trusted(s)) {
 				logger("backup")->debug("backup: slab {} is no longer backed: its read "
 							"fails",
 							s);
 				return EIO;
 			}
+	}
 	if (!pread_all(fd_, buf, len, data_off_ + offset)) {
 		logger("backup")->error("backup {}: read of {} bytes at {} failed: {}", path_, len,
 					offset, err_text(errno));
@@ -467,7 +478,8 @@ void Backup::failed(const char *what, uint64_t offset, uint64_t len, int err)
 		logger("backup")->error("backup {}: {} of {} bytes at {} failed: {}; its slabs are no "
 					"longer backed ({} errors so far)",
 					path_, what, len, offset, err_text(err), n + 1);
-	for (uint64_t s = offset / slab_size_; s <= (offset + len - 1) / slab_size_ && s < nslabs_; s++)
+	const auto [first, last] = slabs_of(offset, len);
+	for (uint64_t s = first; s <= last; s++)
 		distrust(s);
 }
 

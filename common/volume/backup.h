@@ -50,6 +50,7 @@
 #include <mutex>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "common/util/mapped_region.h"
@@ -149,6 +150,12 @@ private:
 	// every waiter.
 	void writer_failed() noexcept;
 	void apply(const Queue &q, const Entry &e);
+	// The first and last range (range_seq_) that [offset, offset+len) touches: len > 0,
+	// offset < size_.
+	std::pair<uint64_t, uint64_t> ranges_of(uint64_t offset, uint64_t len) const;
+	// The first and last slab that [offset, offset+len) touches (none past the volume's last:
+	// first > last when it starts beyond it); len > 0.
+	std::pair<uint64_t, uint64_t> slabs_of(uint64_t offset, uint64_t len) const;
 	// The sequence number `seq` is the latest queued for [offset, offset+len) (range_seq_).
 	void note_queued(uint64_t offset, uint64_t len, uint64_t seq);
 	// The latest sequence number queued for [offset, offset+len) so far.
