@@ -8,9 +8,10 @@
 # - base (BASE=DIR, or several NAME=DIR): rdmaswap of other build directories (commits' builds),
 #   so a regression shows against the project's own best in the same run;
 # - variants (VARIANTS=...): this build with other settings (are the defaults the best?).
-# All are served on Unix sockets and driven by fio's NBD engine, one after the other for each
-# row and repetition (the targets' order rotates by repetition), and every column is the median
-# of REPEAT runs (ratios: of the per-run ratios, with their range in brackets).
+# All are served on Unix sockets (FRONT=tcp: on ports of 127.0.0.1) and driven by fio's NBD
+# engine, one after the other for each row and repetition (the targets' order rotates by
+# repetition), and every column is the median of REPEAT runs (ratios: of the per-run ratios,
+# with their range in brackets).
 #
 # MODE=two-host pins the client side (fio and the nbdkit in front) to CLIENT_CPUS and the
 # donor side (the memserver, the proxy's `nbdkit memory`) to DONOR_CPUS, as two hosts would
@@ -46,6 +47,9 @@
 #   ROWS="..."          rows rw:bs:qd (default: 4k QD1 and QD32 reads and writes, 32k QD8 reads
 #                       (swap-in with readahead), 128k QD8 writes (swap-out))
 #   REPEAT=3            runs of each row and target
+#   FRONT=unix          how fio reaches the front nbdkits: their Unix sockets, or tcp (each on a
+#                       port of 127.0.0.1; TCP honours MSG_MORE, so a write's header and payload
+#                       arrive together)
 #   PROFILE="rw:bs:qd ..."  after the table, run these rows once more per target under
 #                       `perf record` on the client's CPUs and print where the client's time
 #                       goes, in µs per request: fio, nbdkit's own work, and the forwarding (the
@@ -70,6 +74,8 @@ BASE_ARGS=${BASE_ARGS:-}
 BASE_MEMSERVER_ARGS=${BASE_MEMSERVER_ARGS:-}
 VARIANTS=${VARIANTS:-}
 REPEAT=${REPEAT:-3}
+FRONT=${FRONT:-unix}
+[[ $FRONT == unix || $FRONT == tcp ]] || { echo "$0: FRONT=unix or tcp" >&2; exit 2; }
 ROWS=${ROWS:-"randread:4k:1 randwrite:4k:1 randread:4k:32 randwrite:4k:32 randread:32k:8 randwrite:128k:8"}
 out=${OUT:-$(mktemp -d -t rdmaswap-bench.XXXXXX)}
 out=$(mkdir -p "$out" && cd "$out" && pwd)
@@ -148,8 +154,20 @@ key="$out/auth.key"
 
 # Each target: its socket $out/NAME.sock, the pid of its front (client side) and of its
 # back end (donor side; none for memory).
-declare -A front back
+declare -A front back front_port
 targets=()
+
+# front_listen NAME: the listening options of target NAME's front nbdkit: its Unix socket
+# $out/NAME.sock, or with FRONT=tcp a port on 127.0.0.1 (front_port[NAME], chosen by
+# new_front first: front_listen runs in a subshell).
+new_front() { [[ $FRONT != tcp ]] || front_port[$1]=$(free_port); }
+front_listen() {
+    if [[ $FRONT == tcp ]]; then
+        echo "-i 127.0.0.1 -p ${front_port[$1]}"
+    else
+        echo "-U $out/$1.sock"
+    fi
+}
 
 # start_rdmaswap NAME BUILD PLUGIN_ARGS MEMSERVER_ARGS [ENV]
 start_rdmaswap() {
@@ -162,8 +180,9 @@ start_rdmaswap() {
     back[$name]=$!
     pids+=("$!")
     wait_for 60 "$b/tools/rdmaswapctl" status "server=127.0.0.1:$port" auth-key="$key"
-    # shellcheck disable=SC2086
-    env ${5:-} taskset -c "$CLIENT_CPUS" nbdkit -f --threads "$THREADS" -U "$out/$name.sock" \
+    new_front "$name"
+    # shellcheck disable=SC2086,SC2046
+    env ${5:-} taskset -c "$CLIENT_CPUS" nbdkit -f --threads "$THREADS" $(front_listen "$name") \
         "$b/nbdkit-plugin/nbdkit-rdmaswap-plugin.so" server="127.0.0.1:$port" size="$SIZE" \
         transport=tcp auth-key="$key" $3 2>"$out/nbdkit-$name.log" &
     front[$name]=$!
@@ -196,13 +215,17 @@ taskset -c "$DONOR_CPUS" nbdkit -f --threads "$THREADS" -i 127.0.0.1 -p "$proxy_
 back[proxy]=$!
 pids+=("$!")
 wait_for 30 nbdinfo --size "nbd://127.0.0.1:$proxy_port"
-taskset -c "$CLIENT_CPUS" nbdkit -f --threads "$THREADS" -U "$out/proxy.sock" nbd hostname=127.0.0.1 \
+new_front proxy
+# shellcheck disable=SC2046 # front_listen's words
+taskset -c "$CLIENT_CPUS" nbdkit -f --threads "$THREADS" $(front_listen proxy) nbd hostname=127.0.0.1 \
     port="$proxy_port" 2>"$out/nbdkit-proxy.log" &
 front[proxy]=$!
 pids+=("$!")
 targets+=(proxy)
 describe[proxy]="nbdkit nbd plugin -> TCP 127.0.0.1 -> nbdkit memory (allocator=malloc)"
-taskset -c "$CLIENT_CPUS" nbdkit -f --threads "$THREADS" -U "$out/memory.sock" memory "$SIZE" \
+new_front memory
+# shellcheck disable=SC2046
+taskset -c "$CLIENT_CPUS" nbdkit -f --threads "$THREADS" $(front_listen memory) memory "$SIZE" \
     allocator=malloc 2>"$out/nbdkit-memory.log" &
 front[memory]=$!
 pids+=("$!")
@@ -214,11 +237,16 @@ if [[ -n ${TARGETS:-} ]]; then
     done
     read -r -a targets <<<"$TARGETS"
 fi
+uri() {
+    if [[ $FRONT == tcp ]]; then
+        echo "nbd://127.0.0.1:${front_port[$1]}"
+    else
+        echo "nbd+unix:///?socket=$out/$1.sock"
+    fi
+}
 for t in "${targets[@]}"; do
-    wait_for 60 test -S "$out/$t.sock"
+    wait_for 60 nbdinfo --size "$(uri "$t")"
 done
-
-uri() { echo "nbd+unix:///?socket=$out/$1.sock"; }
 
 # Fill every device so reads hit written (non-zero) data everywhere.
 for t in "${targets[@]}"; do
