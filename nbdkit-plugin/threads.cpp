@@ -13,10 +13,8 @@
 #include <chrono>
 #include <condition_variable>
 #include <csignal>
-#include <cstdio>
 #include <iterator>
 #include <mutex>
-#include <span>
 #include <stdexcept>
 #include <string>
 #include <thread>
@@ -25,6 +23,7 @@
 #include "common/obs/metrics_text.h"
 #include "common/util/deadline.h"
 #include "common/util/err_text.h"
+#include "common/util/private_file.h"
 #include "nbdkit-plugin/plugin.h"
 
 namespace rdmaswap::plugin {
@@ -86,26 +85,15 @@ private:
 							    g_membership->metrics_text());
 		}
 	}
-	// `path` holds `text`, or is left as it was. The temporary file (PATH.tmp-RANDOM) is in
-	// the same directory, so the rename is atomic; node_exporter's textfile collector reads
-	// only *.prom files, so it never sees it. It is created new (O_EXCL) and never through
-	// a symbolic link (O_NOFOLLOW), so a link planted in the directory cannot make this
-	// process (root, often) write anywhere else; mode 0644, for the metrics collector.
+	// `path` holds `text`, or is left as it was (replace_file: a temporary file in the same
+	// directory renamed over it, created new and never through a symbolic link, so a link
+	// planted in the directory cannot make this process, root often, write anywhere else).
+	// Mode 0644, for the metrics collector (node_exporter's textfile collector reads only
+	// *.prom files, so it never sees the temporary one); not synced: it is written again
+	// every second, and a swap server does no disk I/O it does not need.
 	static void replace_file(const std::string &path, const std::string &text)
 	{
-		uint64_t rnd = 0;
-		random_bytes(std::as_writable_bytes(std::span(&rnd, 1)));
-		char suffix[32];
-		std::snprintf(suffix, sizeof suffix, ".tmp-%016llx", (unsigned long long)rnd);
-		const std::string tmp = path + suffix;
-		const int fd = ::open(tmp.c_str(),
-				      O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0644);
-		if (fd < 0)
-			return;
-		const bool written = write_fully(fd, text.data(), text.size());
-		if (::close(fd) == 0 && written && std::rename(tmp.c_str(), path.c_str()) == 0)
-			return;
-		::unlink(tmp.c_str());
+		(void)rdmaswap::replace_file(path, text, FileMode{0644, false});
 	}
 	std::mutex mu_;
 	std::condition_variable cv_;

@@ -1,6 +1,5 @@
 // SPDX-License-Identifier: MIT
-// write_private_file, replace_private_file, read_small_file, private_file_problem
-// (private_file.h).
+// write_new_file, replace_file, read_small_file, private_file_problem (private_file.h).
 #include "common/util/private_file.h"
 
 #include <fcntl.h>
@@ -29,14 +28,14 @@ std::string errno_text(const char *what)
 
 } // namespace
 
-Result<Ok> write_private_file(const std::string &path, std::string_view bytes)
+Result<Ok> write_new_file(const std::string &path, std::string_view bytes, FileMode how)
 {
 	const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW,
-			      0600);
+			      how.mode);
 	if (fd < 0)
 		return Result<Ok>::fail("open " + path + ": " + err_text(errno));
 	std::string err;
-	if (::fchmod(fd, 0600) != 0) // exactly 0600, whatever the umask
+	if (::fchmod(fd, how.mode) != 0) // exactly this mode, whatever the umask
 		err = errno_text("fchmod");
 	for (size_t done = 0; err.empty() && done < bytes.size();) {
 		const ssize_t w = ::write(fd, bytes.data() + done, bytes.size() - done);
@@ -47,7 +46,7 @@ Result<Ok> write_private_file(const std::string &path, std::string_view bytes)
 		else
 			done += size_t(w);
 	}
-	if (err.empty() && ::fsync(fd) != 0)
+	if (err.empty() && how.durable && ::fsync(fd) != 0)
 		err = errno_text("fsync");
 	if (::close(fd) != 0 && err.empty())
 		err = errno_text("close");
@@ -57,18 +56,20 @@ Result<Ok> write_private_file(const std::string &path, std::string_view bytes)
 	return Result<Ok>::fail(std::move(err));
 }
 
-Result<Ok> replace_private_file(const std::string &path, std::string_view bytes)
+Result<Ok> replace_file(const std::string &path, std::string_view bytes, FileMode how)
 {
 	using R = Result<Ok>;
 	std::random_device rd;
 	const std::string tmp = fmt::format("{}.tmp-{}-{:08x}", path, ::getpid(), rd());
-	if (auto w = write_private_file(tmp, bytes); !w)
+	if (auto w = write_new_file(tmp, bytes, how); !w)
 		return w;
 	if (::rename(tmp.c_str(), path.c_str()) != 0) {
 		std::string err = errno_text("rename");
 		::unlink(tmp.c_str());
 		return R::fail(std::move(err));
 	}
+	if (!how.durable)
+		return R::of({});
 	// The rename is an entry of the directory: durable only once the directory is synced.
 	const size_t slash = path.rfind('/');
 	const std::string dir = slash == std::string::npos ? "." : slash == 0 ? "/"

@@ -16,18 +16,36 @@
 
 namespace rdmaswap {
 
-// Create `path` (O_EXCL and O_NOFOLLOW: never an existing file, never through a symbolic link)
-// with mode exactly 0600 whatever the umask, write `bytes` whole, fsync and close it. Fails
-// saying what failed ("open PATH: ...", "write: ...", "fsync: ..."), and a file this call
-// created is removed again. The caller renames or links it into place.
-Result<Ok> write_private_file(const std::string &path, std::string_view bytes);
+// How write_new_file and replace_file make a file: its mode, set exactly whatever the umask,
+// and whether it is synced (the file, and after a rename its directory) before they return.
+struct FileMode {
+	mode_t mode = 0600;
+	bool durable = true;
+};
+inline constexpr FileMode kPrivateFile{0600, true};
 
-// Replace `path` whole and durably: write_private_file to a temporary file in the same
-// directory (`PATH.tmp-PID-RANDOM`), rename it over `path`, then fsync the directory so that
-// the rename survives a crash. A reader sees the old file or the new one, never half of one.
-// The directory must exist. Fails saying what failed ("open ...", "rename: ...",
-// "fsync DIR: ..."), and the temporary file is not left behind.
-Result<Ok> replace_private_file(const std::string &path, std::string_view bytes);
+// Create `path` (O_EXCL and O_NOFOLLOW: never an existing file, never through a symbolic link)
+// with `how.mode`, write `bytes` whole, fsync it if `how.durable`, and close it. Fails saying
+// what failed ("open PATH: ...", "write: ...", "fsync: ..."), and a file this call created is
+// removed again. The caller renames or links it into place.
+Result<Ok> write_new_file(const std::string &path, std::string_view bytes, FileMode how);
+inline Result<Ok> write_private_file(const std::string &path, std::string_view bytes)
+{
+	return write_new_file(path, bytes, kPrivateFile);
+}
+
+// Replace `path` whole: write_new_file to a temporary file in the same directory
+// (`PATH.tmp-PID-RANDOM`: a name ending in the random hex, so a reader of `*.prom` files never
+// sees it), rename it over `path`, then, if `how.durable`, fsync the directory so that the
+// rename survives a crash. A reader sees the old file or the new one, never half of one. The
+// directory must exist. Fails saying what failed ("open ...", "rename: ...", "fsync DIR: ..."),
+// and the temporary file is not left behind.
+Result<Ok> replace_file(const std::string &path, std::string_view bytes, FileMode how);
+// replace_file with mode 0600, durably (the volume key, the donor cache, the holders record).
+inline Result<Ok> replace_private_file(const std::string &path, std::string_view bytes)
+{
+	return replace_file(path, bytes, kPrivateFile);
+}
 
 // The bound of read_small_file for the plugin's state files (donor cache, holders record).
 inline constexpr size_t kMaxStateFile = 1 << 20;
