@@ -130,6 +130,9 @@ if [ "$extra" != 0 ]; then
 	extra_pid=$!
 fi
 if [ $main_built = 1 ]; then
+	# meson runs as many tests at a time as there are cores (two on CI's 2): the host tests two
+	# at a time; those marked is_parallel: false (the VM tests, clang-tidy, test-deb and the
+	# host tests that time themselves against the whole machine) alone.
 	if [ "$debs_bg" = 1 ]; then
 		run_tests main "$build" "$@" --no-suite deb || rc=1
 	else
@@ -158,22 +161,24 @@ if [ "$extra" != 0 ]; then
 		rc=1
 		return 1
 	}
-	# The ASan and the TSan tests side by side, each phase one test at a time: the tests spend
-	# most of their time waiting (a TSan integration run keeps 0.84 of a core busy on average),
-	# so two at once share the 2 cores and halve this part. Each starts as soon as its build is
-	# ready, the later builds going on at idle priority. Their output is printed when both ended.
+	# The ASan and the TSan tests side by side, each phase one test at a time (--num-processes
+	# 1: the host tests may run two at a time, as in the main phase, but two sanitizer runs of
+	# two each would be four on the 2 cores): the tests spend most of their time waiting (a
+	# TSan integration run keeps 0.84 of a core busy on average), so two at once share the 2
+	# cores and halve this part. Each starts as soon as its build is ready, the later builds
+	# going on at idle priority. Their output is printed when both ended.
 	san_pids=()
 	san_outs=()
 	if built asan "$asan"; then
 		run_tests asan "$asan" --suite unit --suite integration --timeout-multiplier 2 \
-			>"$asan/phase.out" 2>&1 &
+			--num-processes 1 >"$asan/phase.out" 2>&1 &
 		san_pids+=($!)
 		san_outs+=("$asan/phase.out")
 		logs+=("$asan/meson-logs/testlog.json")
 	fi
 	if built tsan "$tsan"; then
 		TSAN_OPTIONS=$tsan_options run_tests tsan "$tsan" --suite unit --suite integration \
-			--timeout-multiplier 3 >"$tsan/phase.out" 2>&1 &
+			--timeout-multiplier 3 --num-processes 1 >"$tsan/phase.out" 2>&1 &
 		san_pids+=($!)
 		san_outs+=("$tsan/phase.out")
 		logs+=("$tsan/meson-logs/testlog.json")

@@ -159,14 +159,67 @@ requires_nbdsh() {
     requires "$PYTHON" -c 'import nbd'
 }
 
-# free_port: print a TCP port on 127.0.0.1 that was free a moment ago.
+# Ports. meson runs these tests two at a time (and the ASan and TSan runs side by side), so a
+# port that was free a moment ago (bound to port 0, then closed) may be another test's, or a
+# client's source port, by the time a server binds it. Each test claims a block of
+# _port_block_size ports of its own, at start, below the kernel's ephemeral range
+# (/proc/sys/net/ipv4/ip_local_port_range, 32768-60999 by default): no source port and no
+# server bound to port 0 ever lands there. A block is claimed by an exclusive flock on its lock
+# file in $_port_lock_dir, on a descriptor that this shell and every process it starts keep
+# open: the claim ends with the last of them, also after kill -9, and never before a server the
+# test started has let go of its port. free_port hands out the block's ports in order.
+_port_lock_dir=/tmp/rdmaswap-test-ports
+_port_first=20000
+_port_block_size=64
+
+# claim_port_block: claim a free block (from a random one on, so that a test rarely gets the
+# ports the last one just closed) and set _port_base; fail if every block is taken.
+claim_port_block() {
+    local low end blocks first i b lock
+    read -r low _ </proc/sys/net/ipv4/ip_local_port_range
+    end=$((low < 32768 ? low : 32768))
+    blocks=$(((end - _port_first) / _port_block_size))
+    ((blocks > 0)) || fail "no room for test ports from $_port_first up to the ephemeral range ($low)"
+    # (Mode 1777 and lock files mode 0666: a run as another user can claim blocks too; a lock
+    # file it cannot read counts as a taken block.)
+    [[ -d $_port_lock_dir ]] || mkdir -m 1777 "$_port_lock_dir" 2>/dev/null || true
+    first=$((RANDOM % blocks))
+    for ((i = 0; i < blocks; i++)); do
+        b=$(((first + i) % blocks))
+        lock="$_port_lock_dir/$b.lock"
+        [[ -e $lock ]] || (umask 000 && : >>"$lock") 2>/dev/null || true
+        [[ -r $lock ]] || continue
+        exec {_port_fd}<"$lock"
+        if flock -n "$_port_fd"; then
+            _port_base=$((_port_first + b * _port_block_size))
+            echo 0 >"$tmpdir/ports.next"
+            return 0
+        fi
+        exec {_port_fd}<&-
+    done
+    fail "all $blocks blocks of test ports ($_port_first-$((end - 1))) are taken ($_port_lock_dir)"
+}
+claim_port_block
+
+# free_port: print the next port of this test's block that can be bound on 127.0.0.1 now
+# (one that something outside the tests holds is skipped); never the same port twice in a
+# test. The count lives in a file: free_port runs in a subshell, $(free_port).
 free_port() {
-    "$PYTHON" -c '
-import socket
-s = socket.socket()
-s.bind(("127.0.0.1", 0))
-print(s.getsockname()[1])
-s.close()'
+    local next port
+    next=$(<"$tmpdir/ports.next")
+    while ((next < _port_block_size)); do
+        port=$((_port_base + next))
+        next=$((next + 1))
+        if "$PYTHON" -c '
+import socket, sys
+socket.socket().bind(("127.0.0.1", int(sys.argv[1])))' "$port" 2>/dev/null; then
+            echo "$next" >"$tmpdir/ports.next"
+            echo "$port"
+            return 0
+        fi
+    done
+    echo "$next" >"$tmpdir/ports.next"
+    fail "no port left in this test's block $_port_base-$((_port_base + _port_block_size - 1))"
 }
 
 # wait_until SECONDS DESCRIPTION CMD [ARGS...]: run CMD every 0.1 s until it succeeds; fail after SECONDS.
@@ -207,17 +260,17 @@ ctl_get() {
 }
 
 # start_memserver CAPACITY SLAB_SIZE [EXTRA_ARGS...]
-# Starts a memserver on 127.0.0.1 on a free port, TCP transport, with --auth-key $AUTH_KEY and
-# --admin-key $ADMIN_KEY unless EXTRA_ARGS say --insecure or --auth-key, and waits until
-# rdmaswapctl status answers. Sets MEMSERVER_PID, MEMSERVER_PORT, MEMSERVER_ADDR (HOST:PORT),
-# MEMSERVER_LOG.
+# Starts a memserver on 127.0.0.1 on the next port of the test's block (free_port), TCP
+# transport, with --auth-key $AUTH_KEY and --admin-key $ADMIN_KEY unless EXTRA_ARGS say
+# --insecure or --auth-key, and waits until rdmaswapctl status answers. Sets MEMSERVER_PID,
+# MEMSERVER_PORT, MEMSERVER_ADDR (HOST:PORT), MEMSERVER_LOG.
 # Every memserver is a certified donor (docs/security.md, "Roles"): --donor-key and --donor-cert
 # from donor_cert_for (the test's CA, for 127.0.0.1:PORT and $DONOR_CERT_EXTRA), unless it is
 # uncertified_memserver (--insecure, its own --donor-key/--donor-cert, or
 # RDMASWAP_TEST_UNCERTIFIED=1, e.g. `RDMASWAP_TEST_UNCERTIFIED=1 start_memserver ...` for one).
 # Then it also sets DONOR_KEY, DONOR_CERT and DONOR_SERIAL (donor_cert_for).
 # @ADDR@ in EXTRA_ARGS becomes MEMSERVER_ADDR (e.g. --advertise @ADDR@).
-# Retries on a few ports in case another process grabbed the free port first; with
+# Retries on the next ports in case something outside the tests took the port meanwhile; with
 # MEMSERVER_FIXED_PORT set, uses that port (once).
 _memserver_count=0
 start_memserver() {
@@ -471,14 +524,15 @@ expect_rss_drop() {
         fail "resident memory of pid $1 shrank by only $(($2 - after)) kB, expected ~$(($3 * 1024)) kB"
 }
 
-# start_etcd_cluster N: start an etcd cluster of N members (etcd-server from Debian) on free
-# 127.0.0.1 ports, data in $tmpdir/etcd-I, logs in $tmpdir/etcd-I.log, and wait (at most 30 s)
-# until every member is healthy. Sets ETCD_ENDPOINTS (the client URLs, comma-separated),
-# ETCD_PIDS, ETCD_CLIENT_URLS, ETCD_PEER_URLS and exports ETCDCTL_API=3. Skips the test if etcd
-# is not installed. Never touches an etcd of the host (Debian's on 127.0.0.1:2379): the ports
-# are free ones and every etcdctl call names its endpoints.
+# start_etcd_cluster N: start an etcd cluster of N members (etcd-server from Debian) on ports of
+# the test's block (free_port: client and peer URLs), data in $tmpdir/etcd-I, logs in
+# $tmpdir/etcd-I.log, and wait (at most 30 s) until every member is healthy. Sets
+# ETCD_ENDPOINTS (the client URLs, comma-separated), ETCD_PIDS, ETCD_CLIENT_URLS,
+# ETCD_PEER_URLS and exports ETCDCTL_API=3. Skips the test if etcd is not installed. Never
+# touches an etcd of the host (Debian's on 127.0.0.1:2379): the ports are the test's and every
+# etcdctl call names its endpoints.
 start_etcd_cluster() {
-    local n=$1 i port used=" "
+    local n=$1 i port
     command -v etcd >/dev/null || skip "etcd is not installed (apt-get install etcd-server)"
     command -v etcdctl >/dev/null || skip "etcdctl is not installed (apt-get install etcd-client)"
     export ETCDCTL_API=3
@@ -486,8 +540,6 @@ start_etcd_cluster() {
     ETCD_TOKEN="rdmaswap-test-$$-$RANDOM"
     for ((i = 0; i < 2 * n; i++)); do
         port=$(free_port)
-        while [[ $used == *" $port "* ]]; do port=$(free_port); done
-        used+="$port "
         if ((i < n)); then
             ETCD_CLIENT_URLS+=("http://127.0.0.1:$port")
         else

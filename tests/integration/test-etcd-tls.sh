@@ -82,7 +82,6 @@ done
 # 2. etcd on https loopback, client certificates required.
 client_port=$(free_port)
 peer_port=$(free_port)
-while [[ $peer_port == "$client_port" ]]; do peer_port=$(free_port); done
 url="https://127.0.0.1:$client_port"
 # start_etcd: (re)start it on its data directory. Sets ETCD_PID.
 start_etcd() {
@@ -117,7 +116,6 @@ secret "$pki/compute.pw" "$compute_pw"
 secret "$pki/wrong.pw" "not-$compute_pw"
 donor_port=$(free_port)
 donor_b_port=$(free_port)
-while [[ $donor_b_port == "$donor_port" ]]; do donor_b_port=$(free_port); done
 donor_addr="127.0.0.1:$donor_port"
 donor_b_addr="127.0.0.1:$donor_b_port"
 root=(--user "root:$root_pw")
