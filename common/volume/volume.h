@@ -280,8 +280,9 @@ private:
 	//   an allocation, detach for a trim, switch after a clone).
 	// - `maint`: serialises the slow, networked changes of one slab (allocation, trim, slow
 	//   fencing, repair and move copies). Never taken by reads; writes take it only to
-	//   allocate an empty slab or to fence a degraded write. Held across control RPCs, never
-	//   with `mu` held across them. A waiter sets `yield` so that a long copy gives way.
+	//   allocate an empty slab or to fence a degraded write. Held across control RPCs (not a
+	//   copy's ALLOC: grant_copy), never with `mu` held across them. A waiter sets `yield` so
+	//   that a long copy gives way.
 	// - `epoch_mu`: the epochs (rep[k].epoch, epoch, floored); never held across a wait.
 	// rep[]/nrep/lost change only with `maint` and `mu` exclusive both held.
 	struct Slab {
@@ -419,17 +420,25 @@ private:
 	// `server` failed a call: give it no new slabs (and ask it nothing optional) for a while.
 	void mark_down(uint16_t server);
 	bool is_down(uint16_t server) const;
-	// Choose up to `want` donors for a slab (power of two choices), avoiding `exclude` and,
-	// unless nothing else has room, donors on cooldown. Returns how many went to `out`.
-	unsigned place(unsigned want, std::span<const uint16_t> exclude, uint16_t *out);
+	// Choose up to `want` donors for a slab (power of two choices), avoiding `exclude` and
+	// donors on cooldown; with `down_too`, donors on cooldown when nothing else has room.
+	// Returns how many went to `out`.
+	unsigned place(unsigned want, std::span<const uint16_t> exclude, bool down_too,
+		       uint16_t *out);
 	// Grants for up to `want` new replicas of `slab` (tagged with `epoch`), on donors not in
-	// `exclude`; no lock held (control RPCs). Returns how many went to `out`; `err` is ENOSPC
-	// or EIO when it is 0.
+	// `exclude` (`down_too`: as place()); no lock held (control RPCs). Returns how many went
+	// to `out`; `err` is ENOSPC or EIO when it is 0.
 	unsigned grant(uint64_t slab, uint64_t epoch, unsigned want, std::span<const uint16_t> exclude,
-		       Replica *out, int &err);
+		       bool down_too, Replica *out, int &err);
 	// A fresh grant (tagged epoch 0) for a copy of `slab` on a donor holding none of its
-	// replicas. Caller holds the slab's `maint`. False if no donor has room.
-	bool grant_copy(uint64_t slab, Replica &dst);
+	// replicas and not on cooldown. `maint` (held on entry) is released for the ALLOC (it
+	// may wait the timeout on a hung donor, and a degraded write's fence or a trim needs
+	// `maint` meanwhile) and taken again. True (`maint` held) if the grant is in `dst` and
+	// the slab's replicas (and which of them are valid) are what they were on entry. False
+	// if no donor has room, or the slab changed meanwhile (the grant is given back), or
+	// `maint` did not come back within the timeout: then the caller leaves the slab alone
+	// (`maint` may not be held) until the next pass.
+	bool grant_copy(uint64_t slab, std::unique_lock<TimedMutex> &maint, Replica &dst);
 	// Give every slab in [first, last] that has no replica its replicas (first writes).
 	// Takes each slab's `maint`, no other lock. 0, ENOSPC or EIO.
 	int ensure_allocated(uint64_t first, uint64_t last);

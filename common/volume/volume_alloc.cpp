@@ -22,7 +22,8 @@ bool Volume::lock_maint(Slab &s, Clock::time_point until)
 	return got;
 }
 
-unsigned Volume::place(unsigned want, std::span<const uint16_t> exclude, uint16_t *out)
+unsigned Volume::place(unsigned want, std::span<const uint16_t> exclude, bool down_too,
+		       uint16_t *out)
 {
 	unsigned n = 0;
 	bool asked = false; // no donor inside the set could take it: wake membership
@@ -31,9 +32,10 @@ unsigned Volume::place(unsigned want, std::span<const uint16_t> exclude, uint16_
 		DonorLoad *loads = place_loads_.get();
 		const size_t nserv = servers();
 		const int64_t now = now_ns();
-		// Pass 1: donors inside the set, not cooling down; 2: cooling down too (every donor
-		// with room recently failed: try them rather than give up); 3: outside the set too
-		// (the set's members are full or gone and membership has not replaced them yet).
+		// Pass 1: donors inside the set, not cooling down; 2: cooling down too if `down_too`
+		// (every donor with room recently failed: a write that needs a slab tries them rather
+		// than give up; a copy waits for the next pass); 3: outside the set too (the set's
+		// members are full or gone and membership has not replaced them yet).
 		auto fill = [&](bool allow_down, bool allow_outside) {
 			for (size_t i = 0; i < nserv; i++) {
 				const ServerInfo &info = servers_[i]->info();
@@ -52,7 +54,7 @@ unsigned Volume::place(unsigned want, std::span<const uint16_t> exclude, uint16_
 			}
 		};
 		for (int pass = 0; pass < 3 && n == 0; pass++) {
-			fill(pass >= 1, pass >= 2);
+			fill(pass >= 1 && down_too, pass >= 2);
 			n = place_slab(std::span(loads, nserv), want, exclude, rng_, out);
 			asked = asked || (pass == 1 && n == 0);
 		}
@@ -95,7 +97,7 @@ void Volume::need_donor()
 }
 
 unsigned Volume::grant(uint64_t slab, uint64_t epoch, unsigned want,
-		       std::span<const uint16_t> exclude, Replica *out, int &err)
+		       std::span<const uint16_t> exclude, bool down_too, Replica *out, int &err)
 {
 	// Donors that were tried (or are excluded) are not chosen again; free counts are always
 	// a little stale, so a donor that turns out full sends us to the next one.
@@ -112,7 +114,7 @@ unsigned Volume::grant(uint64_t slab, uint64_t epoch, unsigned want,
 		}
 		uint16_t chosen[kMaxReplicas];
 		const uint64_t seen = donors_epoch_.load();
-		const unsigned n = place(want - got, std::span(tried, ntried), chosen);
+		const unsigned n = place(want - got, std::span(tried, ntried), down_too, chosen);
 		if (n == 0) {
 			// No donor with room: membership (the hook) was asked for one; wait once for
 			// its pass (a new member connected, or none to be had), then try again.
@@ -180,7 +182,7 @@ int Volume::ensure_allocated(uint64_t first, uint64_t last)
 		}
 		Replica reps[kMaxReplicas];
 		int err = 0;
-		const unsigned n = grant(slab, epoch, replicas_, {}, reps, err);
+		const unsigned n = grant(slab, epoch, replicas_, {}, true, reps, err);
 		if (n == 0 && backed(slab)) {
 			// No donor has room or answers: the backup alone holds it until the repair
 			// thread can copy it onto one.

@@ -9,6 +9,7 @@
 #include <cstring>
 
 #include "common/obs/log.h"
+#include "common/util/deadline.h"
 #include "common/util/err_text.h"
 #include "common/volume/volume_internal.h"
 
@@ -93,6 +94,8 @@ int Volume::fence_slow(uint64_t slab)
 			if (int err = servers_[r.server]->set_tag(r.grant.id, slab, target)) {
 				logger("volume")->debug("slab {}: raising the epoch on {} failed: {}", slab,
 							servers_[r.server]->name(), err_text(err));
+				if (err == ECANCELED && stop_requested())
+					return EIO; // stopping: no failure of the donor
 				if (sstate_[r.server].gen.load() == r.gen)
 					invalidate(r.server);
 				continue;

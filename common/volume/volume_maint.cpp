@@ -199,23 +199,51 @@ bool Volume::clone(uint64_t slab, const Replica src, const Replica dst, int repl
 	}
 }
 
-bool Volume::grant_copy(uint64_t slab, Replica &dst)
+bool Volume::grant_copy(uint64_t slab, std::unique_lock<TimedMutex> &maint, Replica &dst)
 {
 	const Slab &s = slabs_[slab];
-	uint16_t exclude[kMaxReplicas];
-	for (unsigned i = 0; i < s.nrep; i++)
-		exclude[i] = s.rep[i].server;
+	// What the copy was decided on: rep[] (fixed while `maint` is held) and which replicas
+	// are valid (that may change at any time).
+	struct Seen {
+		uint8_t nrep = 0;
+		bool lost = false;
+		std::array<uint16_t, kMaxReplicas> server{};
+		std::array<uint32_t, kMaxReplicas> id{};
+		std::array<bool, kMaxReplicas> valid{};
+		bool operator==(const Seen &) const = default;
+	};
+	const auto seen = [&] {
+		Seen v;
+		v.nrep = s.nrep;
+		v.lost = s.lost;
+		for (unsigned i = 0; i < s.nrep; i++) {
+			v.server[i] = s.rep[i].server;
+			v.id[i] = s.rep[i].grant.id;
+			v.valid[i] = valid(s.rep[i]);
+		}
+		return v;
+	};
+	const Seen before = seen();
+	maint.unlock();
 	int err = 0;
-	// Epoch 0 until the copy is complete: a restart never trusts a half copy.
-	return grant(slab, 0, 1, std::span(exclude, s.nrep), &dst, err) == 1;
+	// Epoch 0 until the copy is complete: a restart never trusts a half copy. Never on a
+	// donor on cooldown (it failed a moment ago and may hang).
+	const bool got =
+		grant(slab, 0, 1, std::span(before.server.data(), before.nrep), false, &dst, err) == 1;
+	if (!got)
+		return false;
+	if (maint.try_lock_for(timeout_) && seen() == before)
+		return true;
+	release_replica(dst); // changed meanwhile (a trim, an invalidation): next pass
+	return false;
 }
 
 bool Volume::migrate(uint64_t slab, uint16_t server, uint32_t id, Channel &ch)
 {
 	Slab &s = slabs_[slab];
-	if (!s.maint.try_lock_for(std::chrono::milliseconds(100)))
+	std::unique_lock maint(s.maint, std::defer_lock);
+	if (!maint.try_lock_for(std::chrono::milliseconds(100)))
 		return false; // busy (a trim or an allocation): at the next pass
-	std::unique_lock maint(s.maint, std::adopt_lock);
 	// rep[] changes only under `maint`: read it without the slab lock.
 	int k = -1;
 	for (unsigned i = 0; i < s.nrep; i++)
@@ -239,8 +267,8 @@ bool Volume::migrate(uint64_t slab, uint16_t server, uint32_t id, Channel &ch)
 	}
 	// Not onto a donor holding a copy (the one asking among them).
 	Replica dst;
-	if (!grant_copy(slab, dst))
-		return false; // no other donor has room: the slab stays where it is
+	if (!grant_copy(slab, maint, dst))
+		return false; // no other donor has room (or the slab changed): it stays where it is
 	const Replica old = s.rep[k];
 	const int64_t t0 = now_ns();
 	const bool ok = clone(slab, s.rep[src], dst, k, ch, migrate_bytes_);
@@ -363,9 +391,9 @@ void Volume::poll_loop()
 bool Volume::repair(uint64_t slab, Channel &ch)
 {
 	Slab &s = slabs_[slab];
-	if (!s.maint.try_lock_for(std::chrono::milliseconds(100)))
+	std::unique_lock maint(s.maint, std::defer_lock);
+	if (!maint.try_lock_for(std::chrono::milliseconds(100)))
 		return false; // busy: at the next pass
-	std::unique_lock maint(s.maint, std::adopt_lock);
 	if (s.nrep == 0 && !(s.lost && backed(slab)))
 		return false;
 	if (tagged_) {
@@ -400,8 +428,8 @@ bool Volume::repair(uint64_t slab, Channel &ch)
 	// from a good replica (or the backup, when none is left) while the slab keeps serving.
 	while (s.nrep < replicas_ && !stop_.load()) {
 		Replica dst;
-		if (!grant_copy(slab, dst))
-			break;
+		if (!grant_copy(slab, maint, dst))
+			break; // (and leave the slab alone: `maint` may be gone)
 		Replica src;
 		if (s.nrep)
 			src = s.rep[0];

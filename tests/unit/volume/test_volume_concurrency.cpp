@@ -397,6 +397,69 @@ TEST_CASE("volume: a control call in flight holds up no I/O", "[volume][concurre
 	check_no_violations({b});
 }
 
+TEST_CASE("volume: a repair holds no slab while it waits for an ALLOC", "[volume][concurrency]")
+{
+	// The trickle test's failover case: the repair asked a donor for the new copy's slab
+	// (an ALLOC that may take the timeout) with the slab's `maint` held, and a degraded
+	// write's fence (here: a trim) waited for it.
+	quiet();
+	std::vector<std::shared_ptr<FakeBackend>> bs{backend("a", 64), backend("b", 64),
+						     backend("c", 64)};
+	auto o = opts(4 * SS, 2);
+	o.replicas = 2;
+	auto v = make_volume(bs, o);
+	Bytes shadow(4 * SS);
+	REQUIRE(write_shadow(*v, shadow, pattern(4 * SS, 8), 0) == 0);
+	// a fails: every slab it holds a copy of is repaired, each onto the donor without one,
+	// whose ALLOC takes 1.5 s.
+	bs[0]->complete_error = EIO;
+	bs[1]->alloc_delay_us = 1500000;
+	bs[2]->alloc_delay_us = 1500000;
+	REQUIRE(write_shadow(*v, shadow, pattern(4 * SS, 9), 0) == 0); // a invalidated
+	std::this_thread::sleep_for(std::chrono::milliseconds(200)); // a repair waits in ALLOC
+	double worst = 0;
+	for (uint64_t s = 0; s < 4; s++) {
+		const auto t0 = Clock::now();
+		CHECK(v->trim(uint32_t(SS), s * SS) == 0); // takes the slab's `maint`
+		worst = std::max(worst, ms_since(t0));
+	}
+	INFO("the slowest trim took " << worst << " ms");
+	CHECK(worst < 500);
+	bs[1]->alloc_delay_us = 0;
+	bs[2]->alloc_delay_us = 0;
+	std::fill(shadow.begin(), shadow.end(), std::byte{0});
+	CHECK(compare_all(*v, shadow) == -1);
+	check_no_violations(bs);
+}
+
+TEST_CASE("volume: a repair never places a copy on a donor that just failed",
+	  "[volume][concurrency]")
+{
+	// Its ALLOC would hang as its transfers did; the copy waits for its cooldown (or another
+	// donor). A write that needs a slab may still try it when no other donor has room.
+	quiet();
+	std::vector<std::shared_ptr<FakeBackend>> bs{backend("a", 64), backend("b", 64)};
+	for (auto &b : bs)
+		b->bound = true;
+	auto o = opts(4 * SS, 2);
+	o.replicas = 2;
+	auto v = make_volume(bs, o);
+	Bytes shadow(4 * SS);
+	REQUIRE(write_shadow(*v, shadow, pattern(4 * SS, 10), 0) == 0);
+	const uint64_t allocs = bs[0]->allocs.load();
+	bs[0]->complete_error = EIO;
+	for (uint64_t s = 0; s < 4; s++) { // degraded writes: a invalidated, its copies repaired
+		const auto t0 = Clock::now();
+		CHECK(write_shadow(*v, shadow, pattern(4096, 300 + s), s * SS + 8192) == 0);
+		CHECK(ms_since(t0) < 500);
+	}
+	std::this_thread::sleep_for(std::chrono::milliseconds(300)); // the repair's pass
+	CHECK(bs[0]->allocs.load() == allocs);
+	bs[0]->complete_error = 0;
+	CHECK(compare_all(*v, shadow) == -1);
+	check_no_violations(bs);
+}
+
 TEST_CASE("volume: a failing floor witness is not asked again by the next degraded write",
 	  "[volume][concurrency][reattach]")
 {
