@@ -70,6 +70,19 @@ const std::shared_ptr<FakeBackend> &fullest(const std::vector<std::shared_ptr<Fa
 	});
 }
 
+// A volume of `nslabs` slabs with two replicas over `bs`, written whole with pattern `seed`
+// (kept in `shadow`).
+std::unique_ptr<Volume> replicated(const std::vector<std::shared_ptr<FakeBackend>> &bs,
+				   uint64_t nslabs, unsigned seed, Bytes &shadow)
+{
+	auto o = opts(nslabs * SS, 2);
+	o.replicas = 2;
+	auto v = make_volume(bs, o);
+	shadow.assign(nslabs * SS, std::byte{0});
+	REQUIRE(write_shadow(*v, shadow, pattern(nslabs * SS, seed), 0) == 0);
+	return v;
+}
+
 // Fills the stack below the caller with 0x2e, so that a variable the next call leaves
 // uninitialised reads as 46 (deterministically, for the sanitizers to see).
 __attribute__((noinline)) void smear_stack()
@@ -405,11 +418,8 @@ TEST_CASE("volume: a repair holds no slab while it waits for an ALLOC", "[volume
 	quiet();
 	std::vector<std::shared_ptr<FakeBackend>> bs{backend("a", 64), backend("b", 64),
 						     backend("c", 64)};
-	auto o = opts(4 * SS, 2);
-	o.replicas = 2;
-	auto v = make_volume(bs, o);
-	Bytes shadow(4 * SS);
-	REQUIRE(write_shadow(*v, shadow, pattern(4 * SS, 8), 0) == 0);
+	Bytes shadow;
+	auto v = replicated(bs, 4, 8, shadow);
 	// a fails: every slab it holds a copy of is repaired, each onto the donor without one,
 	// whose ALLOC takes 1.5 s.
 	bs[0]->complete_error = EIO;
@@ -441,11 +451,8 @@ TEST_CASE("volume: a repair never places a copy on a donor that just failed",
 	std::vector<std::shared_ptr<FakeBackend>> bs{backend("a", 64), backend("b", 64)};
 	for (auto &b : bs)
 		b->bound = true;
-	auto o = opts(4 * SS, 2);
-	o.replicas = 2;
-	auto v = make_volume(bs, o);
-	Bytes shadow(4 * SS);
-	REQUIRE(write_shadow(*v, shadow, pattern(4 * SS, 10), 0) == 0);
+	Bytes shadow;
+	auto v = replicated(bs, 4, 10, shadow);
 	const uint64_t allocs = bs[0]->allocs.load();
 	bs[0]->complete_error = EIO;
 	for (uint64_t s = 0; s < 4; s++) { // degraded writes: a invalidated, its copies repaired
@@ -470,11 +477,8 @@ TEST_CASE("volume: a failing floor witness is not asked again by the next degrad
 						     backend("c", 64)};
 	for (auto &b : bs)
 		b->bound = true;
-	auto o = opts(16 * SS, 2);
-	o.replicas = 2;
-	auto v = make_volume(bs, o);
-	Bytes shadow(16 * SS);
-	REQUIRE(write_shadow(*v, shadow, pattern(16 * SS, 6), 0) == 0);
+	Bytes shadow;
+	auto v = replicated(bs, 16, 6, shadow);
 	// Donor a stops taking writes: writes to its slabs are degraded and need a floor on the
 	// donor that holds no replica of the slab, and those witnesses answer slowly, then fail.
 	bs[0]->complete_error = EIO;
